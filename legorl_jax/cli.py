@@ -1,0 +1,48 @@
+"""The `legorl` command. Each subcommand lives in its own module and is imported
+only when run, so `legorl --help` stays fast and never imports JAX."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). A module exposes `add_arguments(parser)` and
+# `run(args) -> int`. Only subcommands that work are listed here.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "config": ("legorl_jax.commands.config_cmd", "show the resolved run config or its JSON schema"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="legorl",
+        description="RL for LLM coding agents inside real harnesses (learner, engine, rollout fleet).",
+    )
+    from legorl_jax import __version__
+
+    parser.add_argument("--version", action="version", version=f"legorl-jax {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from legorl_jax.config import ConfigError
+
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except ConfigError as exc:
+        print(f"legorl {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"legorl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

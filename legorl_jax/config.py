@@ -1,0 +1,275 @@
+"""Typed run configuration: one pydantic model per part, loaded from YAML.
+
+Every model forbids unknown fields, so a typo in a YAML file or a `--set`
+override is an error that names the field instead of a silently ignored key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "demo.yaml"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Strict):
+    """The policy network."""
+
+    path: str | None = Field(
+        None,
+        description="HF model directory (config.json + safetensors). None builds the embedded demo model.",
+    )
+    param_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Dtype of the stored (master) parameters."
+    )
+    compute_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Dtype of activations and matmuls."
+    )
+    remat: Literal["none", "full", "dots_saveable"] = Field(
+        "none", description="Rematerialisation policy of the scanned layer body."
+    )
+    max_seq_len: int = Field(4096, gt=0, description="Longest packed row the learner trains on.")
+
+
+class MeshConfig(Strict):
+    """Learner device mesh. -1 on one axis takes all remaining devices."""
+
+    data: int = Field(1, description="Pure data-parallel axis.")
+    fsdp: int = Field(-1, description="Data-parallel axis that also shards parameters.")
+    tensor: int = Field(1, ge=1, description="Tensor-parallel axis (heads, MLP width).")
+    expert: int = Field(1, ge=1, description="Expert-parallel axis (MoE).")
+
+    @model_validator(mode="after")
+    def _one_wildcard(self) -> MeshConfig:
+        sizes = [self.data, self.fsdp, self.tensor, self.expert]
+        if sum(s == -1 for s in sizes) > 1:
+            raise ValueError("at most one mesh axis may be -1")
+        if any(s == 0 or s < -1 for s in sizes):
+            raise ValueError("mesh axis sizes must be positive or -1")
+        return self
+
+
+class OptimizerConfig(Strict):
+    learning_rate: float = Field(1e-6, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    total_steps: int = Field(1000, gt=0, description="Horizon of the decay schedule.")
+    weight_decay: float = Field(0.0, ge=0)
+    b1: float = Field(0.9, ge=0, lt=1)
+    b2: float = Field(0.999, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip_norm: float = Field(1.0, gt=0, description="Global-norm gradient clip.")
+
+
+class CheckpointConfig(Strict):
+    every_steps: int = Field(10, gt=0)
+    keep: int = Field(3, gt=0, description="Checkpoints kept on disk.")
+    async_save: bool = True
+
+
+class LearnerConfig(Strict):
+    mesh: MeshConfig = MeshConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    micro_batch_tokens: int = Field(
+        16384, gt=0, description="Token budget of one micro-batch; gradients accumulate across them."
+    )
+    length_buckets: list[int] = Field(
+        [512, 1024, 2048, 4096], min_length=1, description="Packed row lengths; few buckets, few compilations."
+    )
+    logprob_chunk_size: int = Field(
+        1024, gt=0, description="Sequence chunk for logprobs, so [B, T, V] float32 logits never exist."
+    )
+    overlong: Literal["truncate", "drop"] = Field(
+        "truncate", description="What happens to a sequence longer than the largest bucket."
+    )
+
+
+class SamplingConfig(Strict):
+    """Sampling the proxy enforces on every model call, whatever the harness asks."""
+
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    max_tokens: int = Field(1024, gt=0, description="Completion-token cap per model call.")
+
+
+class RLConfig(Strict):
+    advantage: str = Field("grpo", description="Advantage estimator (registry name): grpo, dr_grpo, rloo.")
+    loss: str = Field("ppo_clip", description="Policy loss (registry name): ppo_clip, gspo, cispo.")
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0, description="DAPO clip-higher upper bound.")
+    tis_cap: float | None = Field(2.0, gt=0, description="Token-level truncated IS cap; None disables.")
+    mis_cap: float | None = Field(None, gt=0, description="Sequence-level masked IS cap; None disables.")
+    kl_coef: float = Field(0.0, ge=0, description="KL-to-reference coefficient; 0 skips the reference pass.")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    group_size: int = Field(8, ge=2, description="Trials per (task, harness config) group.")
+    groups_per_step: int = Field(8, gt=0, description="Informative groups per optimizer step.")
+    dynamic_sampling: bool = Field(True, description="Drop zero-variance groups and sample more.")
+    max_policy_lag: int = Field(0, ge=0, description="0 is synchronous; k overlaps rollouts with training.")
+    sampling: SamplingConfig = SamplingConfig()
+
+
+class EngineConfig(Strict):
+    kind: Literal["embedded", "vllm", "external"] = Field(
+        "embedded", description="embedded: our JAX engine; vllm: launch vllm serve; external: use url as is."
+    )
+    url: str | None = Field(None, description="Engine base URL (external), or filled in once launched.")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_batch: int = Field(32, gt=0, description="Sequences decoded together (continuous batching).")
+    max_context: int = Field(4096, gt=0)
+    extra_args: list[str] = Field([], description="Extra arguments for `vllm serve`.")
+
+
+class ProxyConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
+    max_model_calls: int = Field(50, gt=0, description="Per-session model-call cap.")
+    max_total_tokens: int = Field(65536, gt=0, description="Per-session token cap.")
+    max_wall_s: float = Field(1800.0, gt=0)
+    keepalive_s: float = Field(15.0, gt=0, description="SSE keep-alive comment interval.")
+    tool_call_format: Literal["hermes", "qwen3_coder"] = "hermes"
+
+
+class SandboxConfig(Strict):
+    kind: Literal["auto", "docker", "local"] = Field(
+        "auto", description="auto: Docker when a daemon answers, else the local (unisolated) sandbox."
+    )
+    cpus: float = Field(1.0, gt=0)
+    memory_mb: int = Field(2048, gt=0)
+    pids_limit: int = Field(512, gt=0)
+    network: Literal["proxy_only", "none"] = "proxy_only"
+
+
+class HarnessSpec(Strict):
+    name: str = Field(description="Registered harness: lego, claude-code, opencode, codex, mini-swe-agent, ...")
+    options: dict[str, Any] = Field({}, description="Harness options; for lego, its axes.")
+    weight: float = Field(1.0, gt=0, description="Relative sampling weight per group.")
+
+
+class HarnessMixConfig(Strict):
+    harnesses: list[HarnessSpec] = Field([HarnessSpec(name="lego")], min_length=1)
+
+
+class TasksConfig(Strict):
+    train: list[str] = Field([], description="Task roots (Harbor directories) or JSONL index files.")
+    eval: list[str] = Field([], description="Held-out task roots for evaluation.")
+    demo: bool = Field(False, description="Generate the project's demo tasks.")
+    eval_every: int = Field(10, gt=0)
+
+
+class FleetConfig(Strict):
+    servers: list[str] = Field([], description="Rollout server addresses host:port; empty runs one in-process.")
+    capacity_per_server: int = Field(8, gt=0, description="Trials per server at once (in-process server).")
+    max_retries: int = Field(2, ge=0, description="Re-issues of a trial whose server died.")
+    rpc_timeout_s: float = Field(3600.0, gt=0)
+    agent_timeout_s: float = Field(600.0, gt=0)
+    verifier_timeout_s: float = Field(120.0, gt=0)
+
+
+class LoggingConfig(Strict):
+    run_dir: str = Field("runs", description="Parent of every run's directory.")
+    run_name: str = "demo"
+    tensorboard: bool = True
+    progress: bool = Field(True, description="Show progress bars on long work.")
+
+
+class Config(Strict):
+    seed: int = 0
+    total_steps: int = Field(100, gt=0)
+    model: ModelConfig = ModelConfig()
+    rl: RLConfig = RLConfig()
+    learner: LearnerConfig = LearnerConfig()
+    engine: EngineConfig = EngineConfig()
+    proxy: ProxyConfig = ProxyConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    harness_mix: HarnessMixConfig = HarnessMixConfig()
+    tasks: TasksConfig = TasksConfig()
+    fleet: FleetConfig = FleetConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded; the message names file, field and expectation."""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], value), the value parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected path.to.field=value")
+    path = key.strip().split(".")
+    if any(not p for p in path):
+        raise ConfigError(f"--set {text!r}: empty segment in field path {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML: {exc}") from exc
+    return path, value
+
+
+def _apply(data: dict[str, Any], path: list[str], value: Any, origin: str) -> None:
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            where = ".".join(path[: i + 1])
+            raise ConfigError(f"{origin}: {where} is a value, not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def _describe(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "required field is missing"
+    got = error.get("input")
+    return f"{error['msg']} (got {got!r})"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Reads YAML (default: configs/demo.yaml), applies `--set` overrides, validates."""
+    source = Path(path) if path is not None else DEFAULT_CONFIG
+    if not source.is_file():
+        raise ConfigError(f"{source}: config file not found")
+    try:
+        data = yaml.safe_load(source.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+
+    origin_of: dict[str, str] = {}
+    for text in overrides:
+        keys, value = parse_override(text)
+        _apply(data, keys, value, f"--set {text}")
+        origin_of[".".join(keys)] = f"--set {text}"
+
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "<root>"
+            origin = next(
+                (o for k, o in origin_of.items() if field == k or field.startswith(k + ".")), str(source)
+            )
+            lines.append(f"{origin}: {field}: {_describe(err)}")
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,47 @@
+"""Shared test plumbing.
+
+Tests marked `docker` or `npm` need a real Docker engine or Node.js harness
+CLIs. Locally they skip with a reason when those are missing; with CI=true
+they fail instead, so a CI run can never pass by skipping them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _docker_available() -> str | None:
+    if shutil.which("docker") is None:
+        return "docker CLI not found"
+    try:
+        proc = subprocess.run(["docker", "info"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"docker info failed: {exc}"
+    return None if proc.returncode == 0 else "no Docker daemon reachable (run ./scripts/setup as root)"
+
+
+def _npm_available() -> str | None:
+    return None if shutil.which("npm") and shutil.which("node") else "node/npm not found"
+
+
+_CHECKS = {"docker": _docker_available, "npm": _npm_available}
+_cache: dict[str, str | None] = {}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker, check in _CHECKS.items():
+        if item.get_closest_marker(marker) is None:
+            continue
+        if marker not in _cache:
+            _cache[marker] = check()
+        reason = _cache[marker]
+        if reason is not None:
+            if IN_CI:
+                pytest.fail(f"CI=true and this test needs {marker}: {reason}", pytrace=False)
+            pytest.skip(reason)
