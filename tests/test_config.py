@@ -1,0 +1,88 @@
+"""Typed configs: every shipped YAML validates; errors name file, field and expectation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from legorl_jax.config import CONFIG_DIR, Config, ConfigError, dump_config, load_config, parse_override
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_validate(path: Path) -> None:
+    assert isinstance(load_config(path), Config)
+
+
+def test_default_is_demo_and_round_trips(tmp_path: Path) -> None:
+    config = load_config()
+    assert config.engine.kind == "embedded"
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(dump_config(config))
+    assert load_config(saved) == config
+
+
+def test_overrides_apply_with_yaml_types() -> None:
+    config = load_config(
+        None,
+        ["rl.sampling.temperature=0.7", "fleet.servers=[a:1, b:2]", "model.path=/m", "rl.mis_cap=null"],
+    )
+    assert config.rl.sampling.temperature == 0.7
+    assert config.fleet.servers == ["a:1", "b:2"]
+    assert config.model.path == "/m"
+    assert config.rl.mis_cap is None
+
+
+def test_wrong_type_names_override_field_and_expectation() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["rl.clip_low=abc"])
+    message = str(info.value)
+    assert "--set rl.clip_low=abc" in message
+    assert "rl.clip_low" in message
+    assert "valid number" in message
+
+
+def test_unknown_field_in_file_names_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rl:\n  group_size: 4\n  temprature: 0.5\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert f"{bad}: rl.temprature: unknown field" in str(info.value)
+
+
+def test_wrong_type_in_file_names_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner:\n  mesh: {fsdp: many}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert f"{bad}: learner.mesh.fsdp:" in str(info.value)
+    assert "valid integer" in str(info.value)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=f"{missing}: config file not found"):
+        load_config(missing)
+
+
+def test_cross_field_rule_reported() -> None:
+    with pytest.raises(ConfigError, match="at most one mesh axis may be -1"):
+        load_config(None, ["learner.mesh.data=-1"])
+
+
+@pytest.mark.parametrize("text", ["novalue", "=3", "a..b=1"])
+def test_malformed_override_rejected(text: str) -> None:
+    with pytest.raises(ConfigError, match="--set"):
+        parse_override(text)
+
+
+def test_override_into_a_value_rejected() -> None:
+    with pytest.raises(ConfigError, match="seed is a value, not a section"):
+        load_config(None, ["seed.x=1"])
+
+
+def test_non_mapping_yaml_rejected(tmp_path: Path) -> None:
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
