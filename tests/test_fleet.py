@@ -1,0 +1,148 @@
+"""The fleet client against real gRPC servers on localhost.
+
+The servicers here are test instruments: they answer Rollout with canned
+trajectories (and can be told to die mid-stream) so the client's spreading,
+re-issue and failure handling can be observed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import grpc
+import pytest
+
+from legorl_jax.fleet import Fleet, FleetError, GroupSpec
+from protos.legorl.v1 import rollout_pb2 as pb
+from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
+
+
+class CannedServicer(pb_grpc.RolloutServiceServicer):
+    def __init__(self, name: str, capacity: int, die_after: int | None = None) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.die_after = die_after  # trajectories sent before the server stops itself
+        self.sent = 0
+        self.server: grpc.aio.Server | None = None
+        self.version = 0
+
+    async def Rollout(self, request, context):
+        for _ in range(request.group_size):
+            if self.die_after is not None and self.sent >= self.die_after:
+                await self.server.stop(grace=None)
+                await asyncio.sleep(30)
+            await asyncio.sleep(0.01)
+            self.sent += 1
+            yield pb.Trajectory(
+                request_id=request.request_id,
+                task_id=request.tasks[0].task_id,
+                harness=request.harness_configs[0],
+                reward=1.0,
+                status=pb.TRIAL_STATUS_OK,
+                labels={"server": self.name},
+                sequences=[pb.TokenSequence(token_ids=[1, 2], loss_mask=[0, 1], policy_version=request.policy_version)],
+            )
+
+    async def UpdateWeights(self, request, context):
+        self.version = request.version
+        return pb.UpdateWeightsResponse(loaded_version=request.version)
+
+    async def GetStatus(self, request, context):
+        return pb.ServerStatus(capacity=self.capacity, loaded_policy_version=self.version, engine_healthy=True)
+
+
+async def start(servicer: CannedServicer) -> str:
+    server = grpc.aio.server()
+    _running.append(server)
+    pb_grpc.add_RolloutServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    servicer.server = server
+    return f"127.0.0.1:{port}"
+
+
+_running: list[grpc.aio.Server] = []
+
+
+def run(main) -> None:
+    """Runs a test body, then stops its servers inside the same event loop."""
+
+    async def wrapped() -> None:
+        try:
+            await main()
+        finally:
+            while _running:
+                await _running.pop().stop(grace=None)
+
+    asyncio.run(wrapped())
+
+
+def spec(task: str, size: int = 2, version: int = 3) -> GroupSpec:
+    return GroupSpec(
+        task=pb.TaskRef(task_id=task),
+        harness=pb.HarnessConfig(name="lego", config_id="c0"),
+        group_size=size,
+        sampling=pb.SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=16),
+        policy_version=version,
+    )
+
+
+def test_groups_spread_over_servers_and_complete() -> None:
+    async def main() -> None:
+        a, b = CannedServicer("a", capacity=2), CannedServicer("b", capacity=4)
+        addresses = [await start(a), await start(b)]
+        async with Fleet(addresses) as fleet:
+            assert await fleet.update_weights(3, "/tmp/w") == {addresses[0]: 3, addresses[1]: 3}
+            results = [r async for r in fleet.rollout(spec(f"t{i}") for i in range(6))]
+        assert sorted(r.spec.task.task_id for r in results) == [f"t{i}" for i in range(6)]
+        for r in results:
+            assert len(r.trajectories) == 2
+            assert {t.group_id for t in r.trajectories} == {r.group_id}
+            assert [t.trial_index for t in r.trajectories] == [0, 1]
+            assert all(t.sequences[0].policy_version == 3 for t in r.trajectories)
+        used = Counter(t.labels["server"] for r in results for t in r.trajectories)
+        assert used["a"] > 0 and used["b"] > 0
+
+    run(main)
+
+
+def test_trials_of_a_dead_server_are_reissued_elsewhere() -> None:
+    async def main() -> None:
+        dying, healthy = CannedServicer("dying", capacity=8, die_after=1), CannedServicer("healthy", capacity=1)
+        addresses = [await start(dying), await start(healthy)]
+        async with Fleet(addresses, probe_interval_s=0.2) as fleet:
+            results = [r async for r in fleet.rollout([spec("t0", size=3)])]
+            assert fleet.statuses()[addresses[0]]["alive"] is False
+        (result,) = results
+        assert result.reissues == 1
+        assert [t.labels["server"] for t in result.trajectories] == ["dying", "healthy", "healthy"]
+        assert all(t.status == pb.TRIAL_STATUS_OK for t in result.trajectories)
+
+    run(main)
+
+
+def test_trials_come_back_as_env_failures_when_retries_run_out() -> None:
+    async def main() -> None:
+        one, two = CannedServicer("one", 4, die_after=1), CannedServicer("two", 4, die_after=0)
+        addresses = [await start(one), await start(two)]
+        async with Fleet(addresses, max_retries=1, probe_interval_s=0.1, wait_for_servers_s=0.5) as fleet:
+            (result,) = [r async for r in fleet.rollout([spec("t0", size=3)])]
+        statuses = [t.status for t in result.trajectories]
+        assert statuses[0] == pb.TRIAL_STATUS_OK
+        assert statuses[1:] == [pb.TRIAL_STATUS_ENV_FAILURE] * 2
+        assert not result.trajectories[1].HasField("reward")  # ungraded, not zero
+        assert "lost after" in result.trajectories[1].error
+
+    run(main)
+
+
+def test_unreachable_fleet_is_a_clear_error() -> None:
+    async def main() -> None:
+        with pytest.raises(FleetError, match="no rollout server answered"):
+            async with Fleet(["127.0.0.1:1"]):
+                pass
+
+    run(main)
+    with pytest.raises(FleetError, match="no rollout server addresses"):
+        Fleet([])
