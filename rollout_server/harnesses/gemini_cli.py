@@ -1,0 +1,57 @@
+"""Gemini CLI (`@google/gemini-cli`): Gemini `streamGenerateContent` over SSE."""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+from .base import (
+    CliHarness,
+    Dialect,
+    FileSpec,
+    HarnessContext,
+    HarnessOptions,
+    InstallSpec,
+    LaunchSpec,
+    Outcome,
+    home_path,
+    register_harness,
+)
+
+# Documented headless exit code for "turn limit exceeded": the agent ran out of turns, not the harness.
+TURN_LIMIT_EXIT = 53
+
+SETTINGS: dict[str, object] = {
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+    # Both upload to Google when on; offline they only add failing requests.
+    "telemetry": {"enabled": False},
+    "privacy": {"usageStatisticsEnabled": False},
+}
+
+
+@register_harness("gemini-cli")
+class GeminiCli(CliHarness):
+    install: ClassVar[InstallSpec] = InstallSpec(
+        kind="npm", package="@google/gemini-cli", version="0.61.x", binary="gemini"
+    )
+
+    def dialect(self, options: HarnessOptions) -> Dialect:
+        return "gemini"
+
+    def launch_spec(self, ctx: HarnessContext, options: HarnessOptions) -> LaunchSpec:
+        env = {
+            "HOME": ctx.home,
+            # The Gemini SDK appends /v1beta/models/<m>:streamGenerateContent itself.
+            "GOOGLE_GEMINI_BASE_URL": ctx.base_url,
+            "GEMINI_API_KEY": ctx.api_key,
+            "GEMINI_CLI_TRUST_WORKSPACE": "true",
+        }
+        # An explicit -m: the default `auto` first makes a router call that needs a JSON answer.
+        argv = ("gemini", "-p", ctx.instruction, "-m", ctx.model, "--yolo", "--output-format", "json")
+        settings = FileSpec(path=home_path(ctx, ".gemini", "settings.json"), content=json.dumps(SETTINGS, indent=2))
+        return LaunchSpec(argv=argv, env=env, files=(settings,), workdir=ctx.workdir, dialect="gemini")
+
+    def classify(self, exit_code: int | None, stdout: str, stderr: str, timed_out: bool) -> Outcome:
+        if not timed_out and exit_code == TURN_LIMIT_EXIT:
+            return Outcome("ok", "stopped at the session turn limit")
+        return super().classify(exit_code, stdout, stderr, timed_out)

@@ -1,0 +1,131 @@
+"""Trial sandboxes: Docker containers (isolated) or a local temp dir (unisolated).
+
+`SandboxFactory` is what the rollout server holds: it decides Docker or local
+once, prepares the proxy-only network, reaps orphans at start-up, and makes
+one sandbox per trial from a task.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+# Aliased: the submodule rollout_server.sandbox.docker takes the name `docker` in this namespace.
+import docker as docker_sdk
+import docker.errors as docker_errors
+
+from rollout_server.sandbox.base import (
+    AGENT_USER,
+    ROOT_USER,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+)
+from rollout_server.sandbox.docker import DockerSandbox
+from rollout_server.sandbox.local import LocalSandbox
+from rollout_server.sandbox.network import ProxyNetwork, ensure_proxy_network
+from rollout_server.sandbox.reaper import Reaper
+from rollout_server.tasks import Task
+
+__all__ = [
+    "AGENT_USER",
+    "ROOT_USER",
+    "DockerSandbox",
+    "ExecResult",
+    "LocalSandbox",
+    "Sandbox",
+    "SandboxError",
+    "SandboxFactory",
+    "SandboxSpec",
+    "docker_client_or_none",
+    "spec_for_task",
+]
+
+log = logging.getLogger(__name__)
+
+
+def docker_client_or_none() -> docker_sdk.DockerClient | None:
+    """A client when a Docker daemon answers, else None."""
+    try:
+        # Every running exec holds a connection; the SDK's default pool of 10 would churn them.
+        client = docker_sdk.from_env(timeout=120, max_pool_size=128)
+        client.ping()
+        return client
+    except docker_errors.DockerException:
+        return None
+
+
+def spec_for_task(
+    task: Task,
+    trial_id: str,
+    *,
+    pids_limit: int = 512,
+    wall_clock_s: float | None = None,
+    max_cpus: float | None = None,
+    max_memory_mb: int | None = None,
+) -> SandboxSpec:
+    """A trial's sandbox spec: the task's own limits, capped by the server's."""
+    env = task.config.environment
+    if wall_clock_s is None:
+        # Agent + verifier budgets plus slack for set-up and copies.
+        wall_clock_s = task.config.agent.timeout_sec + task.config.verifier.timeout_sec + 120.0
+    return SandboxSpec(
+        trial_id=trial_id,
+        environment_dir=task.environment_dir if task.dockerfile is not None else None,
+        docker_image=env.docker_image,
+        cpus=min(env.cpus, max_cpus) if max_cpus else env.cpus,
+        memory_mb=min(env.memory_mb, max_memory_mb) if max_memory_mb else env.memory_mb,
+        pids_limit=pids_limit,
+        wall_clock_s=wall_clock_s,
+        build_timeout_s=env.build_timeout_sec,
+    )
+
+
+class SandboxFactory:
+    """Makes trial sandboxes of one kind; `close()` stops the reaper."""
+
+    def __init__(
+        self,
+        kind: Literal["auto", "docker", "local"] = "auto",
+        network: Literal["proxy_only", "none"] = "proxy_only",
+        proxy_port: int | None = None,
+        reap_interval_s: float = 30.0,
+    ) -> None:
+        client = docker_client_or_none() if kind in ("auto", "docker") else None
+        if kind == "docker" and client is None:
+            raise SandboxError("sandbox.kind is docker but no Docker daemon answers")
+        self.kind: Literal["docker", "local"] = "docker" if client is not None else "local"
+        self._client = client
+        self._network_mode = network
+        self._network: ProxyNetwork | None = None
+        self._reaper: Reaper | None = None
+        if client is not None:
+            if network == "proxy_only":
+                if proxy_port is None:
+                    raise SandboxError("proxy_only networking needs the proxy's port")
+                self._network = ensure_proxy_network(client, proxy_port)
+            self._reaper = Reaper(client, reap_interval_s)
+            reaped = self._reaper.start()
+            if reaped:
+                log.info("reaped %d orphaned trial containers at start-up", len(reaped))
+        else:
+            log.warning("no Docker daemon: trials run in the local sandbox, which is NOT isolated")
+
+    @property
+    def client(self) -> docker_sdk.DockerClient | None:
+        return self._client
+
+    @property
+    def network(self) -> ProxyNetwork | None:
+        return self._network
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        """An unstarted sandbox for one trial; the caller starts and always stops it."""
+        if self._client is not None:
+            return DockerSandbox(spec, self._client, self._network)
+        return LocalSandbox(spec, share_network=self._network_mode == "proxy_only")
+
+    def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.stop()

@@ -1,0 +1,120 @@
+"""Proxy-only networking: the one door out of a sandbox is the token-capture proxy.
+
+Design (measured on Docker 20.10 with iptables-nft):
+- Trial containers join a Docker network created with `internal=True`: Docker
+  gives it no route out, so the internet and other networks are unreachable.
+- Inter-container traffic on it is off (`enable_icc=false`), so one trial
+  cannot reach another.
+- An internal bridge still leaves the *host* reachable through the bridge's
+  gateway IP (packets to the host take the INPUT chain, which Docker does not
+  filter). A host chain jumped to from INPUT for that bridge accepts TCP to the
+  proxy port on the gateway IP and rejects everything else: the engine port,
+  any other host service, and every other host address.
+The proxy listens on the gateway IP (or 0.0.0.0); harnesses use
+`http://<gateway>:<proxy_port>`. Needs root and iptables on the Docker host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+
+from rollout_server.sandbox.base import SandboxError
+
+_LABEL = "legorl.network"
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ProxyNetwork:
+    name: str
+    gateway: str
+    proxy_port: int
+
+
+def _names(proxy_port: int) -> tuple[str, str, str]:
+    # Linux caps interface names at 15 chars and iptables chain names at 28.
+    return f"legorl-proxy-{proxy_port}", f"lgrl{proxy_port}", f"LEGORL-PROXY-{proxy_port}"
+
+
+def _iptables(*args: str, check: bool = True) -> bool:
+    proc = subprocess.run(["iptables", "-w", "5", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise SandboxError(f"iptables {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.returncode == 0
+
+
+def _install_rules(bridge: str, chain: str, gateway: str, proxy_port: int) -> None:
+    if shutil.which("iptables") is None:
+        raise SandboxError("proxy-only networking needs iptables on the Docker host (or set sandbox.network: none)")
+    if not _iptables("-nL", chain, check=False):
+        _iptables("-N", chain)
+    _iptables("-F", chain)
+    _iptables("-A", chain, "-p", "tcp", "-d", gateway, "--dport", str(proxy_port), "-j", "ACCEPT")
+    # A reset instead of a silent drop: a probing agent fails fast rather than hanging its turn.
+    _iptables("-A", chain, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
+    _iptables("-A", chain, "-j", "DROP")
+    jump = ("INPUT", "-i", bridge, "-j", chain)
+    if not _iptables("-C", *jump, check=False):
+        _iptables("-I", *jump)
+
+
+def _get_or_create(client: docker.DockerClient, name: str, bridge: str) -> docker.models.networks.Network:
+    try:
+        return client.networks.get(name)
+    except docker.errors.NotFound:
+        pass
+    try:
+        return client.networks.create(
+            name,
+            driver="bridge",
+            internal=True,
+            labels={_LABEL: "proxy_only"},
+            options={"com.docker.network.bridge.name": bridge, "com.docker.network.bridge.enable_icc": "false"},
+        )
+    except docker.errors.APIError as exc:
+        # Another process may have won the race to create it.
+        try:
+            return client.networks.get(name)
+        except docker.errors.NotFound:
+            raise SandboxError(f"cannot create network {name}: {exc}") from exc
+
+
+def ensure_proxy_network(client: docker.DockerClient, proxy_port: int) -> ProxyNetwork:
+    """Create (or reuse) the internal network for this proxy port and (re)install its host rules."""
+    if not 0 < proxy_port < 65536:
+        raise SandboxError(f"proxy port {proxy_port} out of range")
+    name, bridge, chain = _names(proxy_port)
+    with _lock:
+        network = _get_or_create(client, name, bridge)
+        network.reload()
+        attrs = network.attrs
+        if not attrs.get("Internal"):
+            raise SandboxError(f"network {name} exists but is not internal; remove it (docker network rm {name})")
+        configs = attrs.get("IPAM", {}).get("Config") or []
+        if not configs or "Gateway" not in configs[0]:
+            raise SandboxError(f"network {name} has no gateway address")
+        gateway = configs[0]["Gateway"]
+        ipaddress.ip_address(gateway)
+        bridge = attrs.get("Options", {}).get("com.docker.network.bridge.name", f"br-{network.id[:12]}")
+        _install_rules(bridge, chain, gateway, proxy_port)
+    return ProxyNetwork(name=name, gateway=gateway, proxy_port=proxy_port)
+
+
+def remove_proxy_network(client: docker.DockerClient, proxy_port: int) -> None:
+    """Tear the network and its host rules down (tests and operators; trials never need it)."""
+    name, bridge, chain = _names(proxy_port)
+    with _lock:
+        _iptables("-D", "INPUT", "-i", bridge, "-j", chain, check=False)
+        _iptables("-F", chain, check=False)
+        _iptables("-X", chain, check=False)
+        try:
+            client.networks.get(name).remove()
+        except docker.errors.NotFound:
+            pass

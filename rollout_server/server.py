@@ -1,0 +1,151 @@
+"""One rollout host: the inference engine, the token-capture proxy, the
+sandbox factory and the gRPC `RolloutService`, started and stopped together.
+
+The proxy runs in this process (its session store is shared with the trial
+runner) and listens on loopback for in-process harnesses and, with Docker's
+proxy-only network, on that network's gateway for harnesses in containers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+import uvicorn
+
+from legorl_jax.config import Config
+from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_server.backends.client import EngineClient
+from rollout_server.backends.launch import ManagedEngine, start_engine
+from rollout_server.proxy.app import build_app
+from rollout_server.proxy.engine_client import EngineClient as ProxyEngineClient
+from rollout_server.proxy.render import ChatTemplate
+from rollout_server.proxy.service import ProxyCore
+from rollout_server.proxy.session import SessionCaps, SessionStore
+from rollout_server.sandbox import SandboxFactory
+from rollout_server.service import RolloutService, ServiceLimits
+from rollout_server.tasks import Task, demo_tasks, load_tasks
+from rollout_server.trial import TrialHost
+
+log = logging.getLogger(__name__)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(512)
+    sock.setblocking(False)
+    return sock
+
+
+def server_tasks(config: Config) -> dict[str, Task]:
+    tasks = load_tasks([*config.tasks.train, *config.tasks.eval])
+    if config.tasks.demo:
+        tasks.extend(demo_tasks())
+    return {task.name: task for task in tasks}
+
+
+class RolloutServer:
+    """`await start()` brings every part up (engine first); `await stop()` drains and tears down."""
+
+    def __init__(self, config: Config, model_dir: str | Path, *, address: str = "127.0.0.1:0") -> None:
+        self.config = config
+        self.model_dir = Path(model_dir)
+        self.address = address
+        self.engine: ManagedEngine | None = None
+        self.service: RolloutService | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._proxy: uvicorn.Server | None = None
+        self._proxy_task: asyncio.Task[None] | None = None
+        self._factory: SandboxFactory | None = None
+        self._clients: list[EngineClient | ProxyEngineClient] = []
+
+    async def start(self) -> str:
+        """Returns the gRPC address the server listens on."""
+        from transformers import AutoTokenizer
+
+        cfg = self.config
+        tasks = server_tasks(cfg)
+        self.engine = await asyncio.to_thread(start_engine, cfg.engine, self.model_dir)
+        engine = self.engine.client()
+        self._clients.append(engine)
+        await engine.wait_healthy(timeout=600)
+        served = await engine.model()
+
+        loopback = _bind(cfg.proxy.host, cfg.proxy.port)
+        proxy_port = loopback.getsockname()[1]
+        self._factory = await asyncio.to_thread(
+            SandboxFactory, cfg.sandbox.kind, cfg.sandbox.network, proxy_port=proxy_port
+        )
+        sockets = [loopback]
+        if self._factory.network is not None:
+            sockets.append(_bind(self._factory.network.gateway, proxy_port))
+
+        store = SessionStore(
+            SessionCaps(
+                max_model_calls=cfg.proxy.max_model_calls,
+                max_total_tokens=cfg.proxy.max_total_tokens,
+                max_wall_s=cfg.proxy.max_wall_s,
+            )
+        )
+        proxy_engine = ProxyEngineClient(self.engine.url, served)
+        self._clients.append(proxy_engine)
+        template = ChatTemplate(AutoTokenizer.from_pretrained(self.model_dir))
+        core = ProxyCore(
+            template, proxy_engine, store, max_context=cfg.engine.max_context, tool_call_format=cfg.proxy.tool_call_format
+        )
+        app = build_app(core, keepalive_s=cfg.proxy.keepalive_s)
+        self._proxy = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._proxy_task = asyncio.create_task(self._proxy.serve(sockets=sockets))
+
+        host = TrialHost(self._factory, store, proxy_port, served, policy_version=0)
+        limits = ServiceLimits(
+            capacity=cfg.fleet.capacity_per_server,
+            agent_timeout_s=cfg.fleet.agent_timeout_s,
+            verifier_timeout_s=cfg.fleet.verifier_timeout_s,
+        )
+        self.service = RolloutService(host, engine, tasks, limits)
+        self._grpc = grpc.aio.server()
+        pb_grpc.add_RolloutServiceServicer_to_server(self.service, self._grpc)
+        port = self._grpc.add_insecure_port(self.address)
+        if port == 0:
+            raise OSError(f"cannot listen on {self.address}")
+        await self._grpc.start()
+        self.address = f"{self.address.rsplit(':', 1)[0]}:{port}"
+        log.info(
+            "rollout server on %s: engine %s (%s), proxy port %d, %s sandboxes, %d tasks",
+            self.address, self.engine.url, served, proxy_port, self._factory.kind, len(tasks),
+        )
+        return self.address
+
+    async def stop(self, grace_s: float = 60.0) -> None:
+        if self.service is not None and not await self.service.drain(grace_s):
+            log.warning("drain: trials still running after %.0fs; cancelling them", grace_s)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=5.0)
+        if self._proxy is not None and self._proxy_task is not None:
+            self._proxy.should_exit = True
+            await self._proxy_task
+        for client in self._clients:
+            await client.aclose()
+        if self._factory is not None:
+            self._factory.close()
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)
+
+    async def serve_forever(self, grace_s: float = 300.0) -> None:
+        """Runs until SIGTERM or SIGINT, then drains: in-flight trials finish or are reported."""
+        await self.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await self.stop(grace_s)

@@ -1,0 +1,231 @@
+"""One trial: sandbox + harness + verifier, with the proxy session in between.
+
+The trial never raises for trouble of its own: every way it can end becomes a
+`Trajectory` with a status and, only when the verifier graded it, a reward.
+What the agent did cannot change the reward: the verifier copies the tests in
+after the agent phase and reads the reward itself (see `verifier.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import posixpath
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from protos.legorl.v1 import rollout_pb2 as pb
+from rollout_server.harnesses import HarnessContext, get_harness
+from rollout_server.harnesses.base import CliHarness, Harness, HarnessOptions, InProcessHarness
+from rollout_server.proxy.session import SessionSpec, SessionStore
+from rollout_server.proxy.trajectory import Trajectory as Capture
+from rollout_server.sandbox import AGENT_USER, ROOT_USER, Sandbox, SandboxError, SandboxFactory, spec_for_task
+from rollout_server.tasks import Task
+from rollout_server.verifier import Verdict, verify
+
+from legorl_jax.config import SamplingConfig
+
+log = logging.getLogger(__name__)
+
+_HARNESS_STATUS = {
+    "ok": pb.TRIAL_STATUS_OK,
+    "timeout": pb.TRIAL_STATUS_TIMEOUT,
+    "cap_exceeded": pb.TRIAL_STATUS_CAP_EXCEEDED,
+    "harness_error": pb.TRIAL_STATUS_HARNESS_ERROR,
+}
+# Ends the verifier still grades: the policy ran out of time or budget, which is its own doing.
+_GRADED = {pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED}
+
+
+@dataclasses.dataclass
+class TrialHost:
+    """What every trial on this host shares; `policy_version` moves with UpdateWeights."""
+
+    sandboxes: SandboxFactory
+    sessions: SessionStore
+    proxy_port: int
+    model_name: str
+    policy_version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialSpec:
+    trial_id: str
+    task: Task
+    harness: pb.HarnessConfig
+    options: HarnessOptions
+    sampling: pb.SamplingParams
+    limits: pb.TrialLimits
+    labels: Mapping[str, str]
+    agent_timeout_s: float
+    verifier_timeout_s: float
+
+
+def sampling_config(params: pb.SamplingParams, default_max_tokens: int) -> SamplingConfig:
+    return SamplingConfig(
+        temperature=params.temperature or 1.0,
+        top_p=params.top_p or 1.0,
+        top_k=params.top_k if params.top_k else -1,
+        max_tokens=params.max_tokens or default_max_tokens,
+    )
+
+
+async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
+    harness = get_harness(spec.harness.name)
+    times = pb.PhaseTimes()
+    limits = {"max_model_calls": spec.limits.max_model_calls, "max_total_tokens": spec.limits.max_total_tokens}
+    caps = host.sessions.default_caps.model_copy(update={k: v for k, v in limits.items() if v})
+    session = host.sessions.create(
+        SessionSpec(
+            sampling=sampling_config(spec.sampling, 1024),
+            caps=caps,
+            labels={"trial": spec.trial_id, "task": spec.task.name, **spec.labels},
+            policy_version=host.policy_version,
+        )
+    )
+    out = pb.Trajectory(task_id=spec.task.name, harness=spec.harness, sampling=spec.sampling, labels=spec.labels)
+    sandbox: Sandbox | None = None
+    started = time.monotonic()
+    try:
+        sandbox = host.sandboxes.create(spec_for_task(spec.task, spec.trial_id, wall_clock_s=_wall(spec)))
+        await asyncio.to_thread(sandbox.start)
+        times.setup_s = time.monotonic() - started
+
+        phase = time.monotonic()
+        status, reason, harness_metrics = await _run_agent(harness, sandbox, host, spec, session.key)
+        times.agent_s = time.monotonic() - phase
+        if session.trajectory.cap_hit and status == pb.TRIAL_STATUS_OK:
+            status, reason = pb.TRIAL_STATUS_CAP_EXCEEDED, f"proxy cap: {session.trajectory.cap_hit}"
+
+        phase = time.monotonic()
+        verdict = await asyncio.to_thread(verify, sandbox, spec.task, spec.verifier_timeout_s)
+        times.verify_s = time.monotonic() - phase
+        out.status, out.error = _resolve(status, reason, verdict)
+        if out.status in _GRADED and verdict.status == "ok":
+            out.reward = verdict.reward
+    except SandboxError as exc:
+        out.status, out.error = pb.TRIAL_STATUS_ENV_FAILURE, f"sandbox: {exc}"
+        harness_metrics = {}
+    except asyncio.CancelledError:
+        out.status, out.error = pb.TRIAL_STATUS_CANCELLED, "cancelled before the trial finished"
+        harness_metrics = {}
+        raise
+    finally:
+        phase = time.monotonic()
+        if sandbox is not None:
+            await asyncio.shield(asyncio.to_thread(_stop_quietly, sandbox))
+        times.teardown_s = time.monotonic() - phase
+        host.sessions.delete(session.key)
+        _fill_capture(out, session.trajectory)
+        out.metrics.phase_times.CopyFrom(times)
+        out.metrics.tool_calls = max(out.metrics.tool_calls, int(harness_metrics.get("tool_calls", 0)))
+    return out
+
+
+def _wall(spec: TrialSpec) -> float:
+    return spec.agent_timeout_s + spec.verifier_timeout_s + 120.0
+
+
+async def _run_agent(
+    harness: Harness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
+) -> tuple[int, str, dict[str, float]]:
+    if isinstance(harness, InProcessHarness):
+        ctx = HarnessContext(
+            session_url=f"http://127.0.0.1:{host.proxy_port}/s/{key}",
+            api_key=key,
+            model=host.model_name,
+            instruction=spec.task.instruction,
+        )
+        try:
+            result = await asyncio.wait_for(
+                harness.run(sandbox, ctx, spec.options, deadline_s=spec.agent_timeout_s),
+                spec.agent_timeout_s + 30.0,
+            )
+        except TimeoutError:
+            return pb.TRIAL_STATUS_TIMEOUT, f"agent ran past {spec.agent_timeout_s:.0f}s", {}
+        return _HARNESS_STATUS[result.status], result.reason, result.metrics()
+    if isinstance(harness, CliHarness):
+        return await asyncio.to_thread(_run_cli, harness, sandbox, host, spec, key)
+    raise SandboxError(f"harness {harness.name} is neither in-process nor a CLI")
+
+
+def _run_cli(
+    harness: CliHarness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
+) -> tuple[int, str, dict[str, float]]:
+    install = harness.install_spec(spec.options)
+    if not sandbox.exec(install.check_argv(), timeout=60, user=AGENT_USER).ok:
+        # Sandboxes reach nothing but the proxy, so a harness cannot be installed at trial time.
+        raise SandboxError(f"{install.requirement()} is not installed in the task image")
+    ctx = HarnessContext(
+        session_url=f"http://{sandbox.proxy_host}:{host.proxy_port}/s/{key}",
+        api_key=key,
+        model=host.model_name,
+        instruction=spec.task.instruction,
+    )
+    launch = harness.launch_spec(ctx, spec.options)
+    home = sandbox.exec(
+        ["sh", "-c", 'mkdir -p "$1" && chown -R "$2" "$1"', "sh", ctx.home, AGENT_USER], timeout=30, user=ROOT_USER
+    )
+    if not home.ok:
+        raise SandboxError(f"could not create {ctx.home}: {home.stderr.strip()}")
+    for file in launch.files:
+        _write_file(sandbox, file.path, file.content, file.mode)
+    result = sandbox.exec(
+        list(launch.argv), timeout=spec.agent_timeout_s, env=dict(launch.env), workdir=launch.workdir, user=AGENT_USER
+    )
+    outcome = harness.classify(result.exit_code, result.stdout, result.stderr, result.timed_out)
+    return _HARNESS_STATUS[outcome.status], outcome.reason, {}
+
+
+def _write_file(sandbox: Sandbox, path: str, content: str, mode: int) -> None:
+    """Places a harness config file, owned by the agent user (the CLIs rewrite their own state)."""
+    with tempfile.TemporaryDirectory(prefix="legorl-file-") as tmp:
+        local = Path(tmp) / "content"
+        local.write_text(content)
+        parent = sandbox.exec(["mkdir", "-p", posixpath.dirname(path)], timeout=30, user=ROOT_USER)
+        if not parent.ok:
+            raise SandboxError(f"could not create the directory of {path}: {parent.stderr.strip()}")
+        sandbox.copy_in(local, path)
+    fix = sandbox.exec(["sh", "-c", 'chown "$1" "$2" && chmod "$3" "$2"', "sh", AGENT_USER, path, f"{mode:o}"],
+                       timeout=30, user=ROOT_USER)
+    if not fix.ok:
+        raise SandboxError(f"could not hand {path} to {AGENT_USER}: {fix.stderr.strip()}")
+
+
+def _resolve(status: int, reason: str, verdict: Verdict) -> tuple[int, str]:
+    if status not in _GRADED:
+        return status, reason
+    if verdict.status != "ok":
+        return pb.TRIAL_STATUS_ENV_FAILURE, f"verifier {verdict.status}: {verdict.reason}"
+    return status, reason if status != pb.TRIAL_STATUS_OK else ""
+
+
+def _fill_capture(out: pb.Trajectory, capture: Capture) -> None:
+    metrics = capture.metrics()
+    for seq in capture.sequences:
+        out.sequences.append(
+            pb.TokenSequence(
+                token_ids=seq.token_ids,
+                loss_mask=seq.loss_mask,
+                behavior_logprobs=seq.behavior_logprobs,
+                policy_version=seq.policy_version,
+                side_call=seq.side,
+                num_model_calls=len(seq.calls),
+            )
+        )
+    out.metrics.model_calls = metrics["model_calls"]
+    out.metrics.tool_calls = metrics["tool_calls"]
+    out.metrics.prompt_tokens = metrics["prompt_tokens"]
+    out.metrics.completion_tokens = metrics["completion_tokens"]
+    out.metrics.history_rewrites = metrics["new_roots"].get("history_rewritten", 0)
+    out.metrics.tool_parse_errors = metrics["parse_errors"]
+
+
+def _stop_quietly(sandbox: Sandbox) -> None:
+    try:
+        sandbox.stop()
+    except SandboxError as exc:  # the reaper removes what stop() could not
+        log.warning("sandbox stop failed: %s", exc)

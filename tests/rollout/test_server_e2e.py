@@ -1,0 +1,127 @@
+"""End to end over gRPC on the embedded engine: a rollout host (engine, proxy,
+Docker sandboxes) runs groups of `lego` trials on a demo task and streams back
+trajectories whose tokens and logprobs are the engine's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+
+from legorl_jax.config import load_config
+from legorl_jax.fleet import Fleet, GroupSpec
+from protos.legorl.v1 import rollout_pb2 as pb
+from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_server.server import RolloutServer
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from legorl_jax.models.demo_assets import build_tiny_hf_model
+
+    return build_tiny_hf_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def config(**extra: str):
+    overrides = [
+        "engine.port=0",
+        "engine.max_batch=8",
+        "sandbox.kind=docker",
+        "fleet.capacity_per_server=4",
+        "fleet.agent_timeout_s=60",
+        "rl.sampling.max_tokens=24",
+        "proxy.max_model_calls=3",
+        "tasks.demo=true",
+    ]
+    return load_config(None, overrides + [f"{k}={v}" for k, v in extra.items()])
+
+
+def lego(tools: str) -> pb.HarnessConfig:
+    options = {"tools": tools, "turn_budget": "short"}
+    return pb.HarnessConfig(name="lego", options_json=json.dumps(options), config_id=f"lego-{tools}")
+
+
+def test_groups_of_lego_trials_over_grpc(model_dir: Path) -> None:
+    async def main() -> None:
+        server = RolloutServer(config(), model_dir)
+        address = await server.start()
+        try:
+            async with Fleet([address]) as fleet:
+                specs = [
+                    GroupSpec(
+                        task=pb.TaskRef(task_id="edit-config"),
+                        harness=lego(tools),
+                        group_size=2,
+                        sampling=pb.SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=24, seed=1),
+                        policy_version=0,
+                    )
+                    for tools in ("bash_only", "edit_tools")
+                ]
+                results = [r async for r in fleet.rollout(specs)]
+            channel = grpc.aio.insecure_channel(address)
+            status = await pb_grpc.RolloutServiceStub(channel).GetStatus(pb.GetStatusRequest())
+            await channel.close()
+        finally:
+            await server.stop(grace_s=30)
+        assert status.capacity == 4 and status.engine_healthy and "lego" in status.harnesses
+        assert status.in_flight_trials == 0
+        assert len(results) == 2
+        for result in results:
+            assert len(result.trajectories) == 2
+            for t in result.trajectories:
+                assert t.status in (pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_CAP_EXCEEDED), t.error
+                # a random model does not solve the task, and the verifier says so: graded 0, not ungraded
+                assert t.HasField("reward") and t.reward == 0.0
+                assert t.metrics.model_calls >= 1
+                assert t.metrics.phase_times.agent_s > 0 and t.metrics.phase_times.verify_s > 0
+                seq = t.sequences[0]
+                assert len(seq.token_ids) == len(seq.loss_mask) == len(seq.behavior_logprobs)
+                sampled = [lp for lp, m in zip(seq.behavior_logprobs, seq.loss_mask) if m]
+                assert sampled and all(lp <= 0.0 for lp in sampled)
+                assert t.harness.config_id == result.spec.harness.config_id
+
+    asyncio.run(main())
+
+
+def test_bad_requests_are_refused_with_clear_codes(model_dir: Path) -> None:
+    async def main() -> None:
+        server = RolloutServer(config(), model_dir)
+        address = await server.start()
+        try:
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = pb_grpc.RolloutServiceStub(channel)
+
+                async def rollout(**fields) -> grpc.aio.AioRpcError:
+                    request = pb.RolloutRequest(
+                        tasks=[pb.TaskRef(task_id="edit-config")], harness_configs=[lego("bash_only")], group_size=1
+                    )
+                    for key, value in fields.items():
+                        if isinstance(value, list):
+                            del getattr(request, key)[:]
+                            getattr(request, key).extend(value)
+                        else:
+                            setattr(request, key, value)
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        async for _ in stub.Rollout(request):
+                            pass
+                    return info.value
+
+                err = await rollout(tasks=[pb.TaskRef(task_id="no-such-task")])
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown task" in err.details()
+                err = await rollout(harness_configs=[pb.HarnessConfig(name="nope")])
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "lego" in err.details()
+                err = await rollout(harness_configs=[pb.HarnessConfig(name="lego", options_json='{"tools": 3}')])
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "tools" in err.details()
+                err = await rollout(policy_version=9)
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+                err = await rollout(group_size=0)
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        finally:
+            await server.stop(grace_s=10)
+
+    asyncio.run(main())

@@ -1,0 +1,149 @@
+"""The Docker sandbox: exec, copies, limits, labels and teardown, on a real container."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import pytest
+
+from rollout_server.sandbox import AGENT_USER, DockerSandbox, SandboxError, SandboxSpec
+from rollout_server.sandbox.images import BASE_IMAGE
+from rollout_server.sandbox.reaper import DEADLINE_LABEL, OWNER_LABEL, TRIAL_LABEL, owner_id
+
+pytestmark = pytest.mark.docker
+MakeBox = Callable[..., DockerSandbox]
+
+
+def test_exec_returns_code_streams_env_workdir_and_user(make_box: MakeBox) -> None:
+    box = make_box()
+    result = box.exec(
+        "echo out; echo err >&2; echo $GREETING; pwd; id -un; exit 7",
+        timeout=10,
+        env={"GREETING": "hi"},
+        workdir="/tmp",
+        user=AGENT_USER,
+    )
+    assert (result.exit_code, result.timed_out) == (7, False)
+    assert result.stdout.split() == ["out", "hi", "/tmp", AGENT_USER]
+    assert result.stderr == "err\n"
+    assert box.exec(["pwd"], timeout=10).stdout.strip() == "/app"  # the image's WORKDIR by default
+
+
+def test_exec_timeout_kills_the_command(make_box: MakeBox) -> None:
+    box = make_box()
+    result = box.exec("echo started; sleep 30; echo never", timeout=1)
+    assert result.timed_out and not result.ok
+    assert "never" not in result.stdout
+    assert not box.exec("pgrep -f 'sleep 3[0]'", timeout=10).ok  # [0]: not this pgrep's own command line
+
+
+def test_copy_in_merges_and_copy_out_round_trips(make_box: MakeBox, tmp_path: Path) -> None:
+    box = make_box()
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_text("alpha")
+    (src / "sub" / "run.sh").write_text("echo ran")
+    (src / "sub" / "run.sh").chmod(0o755)
+    assert box.exec("mkdir -p /data/stale && touch /data/stale/old", timeout=10).ok
+    box.copy_in(src, "/data")
+    listing = box.exec("cd /data && find . -type f | sort && ./sub/run.sh", timeout=10)
+    assert listing.stdout.split() == ["./a.txt", "./stale/old", "./sub/run.sh", "ran"]  # merged, as `docker cp`
+    single = tmp_path / "one.txt"
+    single.write_text("single file")
+    box.copy_in(single, "/etc/new/dir/renamed.conf")  # missing parents are created
+    assert box.exec(["cat", "/etc/new/dir/renamed.conf"], timeout=10).stdout == "single file"
+    box.copy_out("/data", tmp_path / "back")
+    assert (tmp_path / "back" / "a.txt").read_text() == "alpha"
+    assert (tmp_path / "back" / "sub" / "run.sh").read_text() == "echo ran"
+    box.copy_out("/etc/new/dir/renamed.conf", tmp_path / "back.conf")
+    assert (tmp_path / "back.conf").read_text() == "single file"
+
+
+def test_copy_errors_are_sandbox_errors(make_box: MakeBox, tmp_path: Path) -> None:
+    box = make_box()
+    with pytest.raises(SandboxError, match="does not exist"):
+        box.copy_out("/no/such/path", tmp_path / "x")
+    with pytest.raises(SandboxError, match="does not exist"):
+        box.copy_in(tmp_path / "missing", "/x")
+
+
+def test_limits_and_labels_are_applied(make_box: MakeBox, docker_client: docker.DockerClient) -> None:
+    box = make_box(cpus=0.5, memory_mb=96, pids_limit=40)
+    container = docker_client.containers.get(box.container_id)
+    host = container.attrs["HostConfig"]
+    assert (host["NanoCpus"], host["Memory"], host["MemorySwap"], host["PidsLimit"]) == (
+        5 * 10**8,
+        96 << 20,
+        96 << 20,
+        40,
+    )
+    assert host["NetworkMode"] == "none"
+    assert container.labels[TRIAL_LABEL] == box.spec.trial_id
+    assert container.labels[OWNER_LABEL] == owner_id()
+    assert float(container.labels[DEADLINE_LABEL]) > time.time()
+    forks = box.exec("for i in $(seq 80); do sleep 1 & done; wait", timeout=30, user=AGENT_USER)
+    assert "Resource temporarily unavailable" in forks.stderr
+
+
+def test_out_of_memory_is_counted(make_box: MakeBox) -> None:
+    box = make_box(memory_mb=64)
+    assert box.oom_kill_count() == 0
+    hog = box.exec(["python3", "-c", "x = bytearray(400 << 20)"], timeout=30, user=AGENT_USER)
+    assert hog.exit_code == 137
+    assert box.oom_kill_count() == 1
+    assert box.failure_reason() is None  # the container itself survives
+
+
+def test_wall_clock_ends_the_container(make_box: MakeBox) -> None:
+    box = make_box(wall_clock_s=1)
+    for _ in range(50):
+        if box.failure_reason() is not None:
+            break
+        time.sleep(0.2)
+    assert "wall-clock limit" in (box.failure_reason() or "")
+    with pytest.raises(SandboxError):
+        box.exec("true", timeout=5)
+
+
+def test_stop_is_idempotent_and_removes(make_box: MakeBox, docker_client: docker.DockerClient) -> None:
+    box = make_box()
+    container_id = box.container_id
+    box.stop()
+    box.stop()
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(container_id)
+    assert box.failure_reason() == "container was removed during the trial"
+
+
+def test_unstarted_and_networkless_sandbox_errors(docker_client: docker.DockerClient) -> None:
+    box = DockerSandbox(
+        SandboxSpec(trial_id="idle", environment_dir=None, docker_image=BASE_IMAGE), docker_client, None
+    )
+    with pytest.raises(SandboxError, match="not started"):
+        box.exec("true", timeout=5)
+    with pytest.raises(SandboxError, match="no network"):
+        _ = box.proxy_host
+    box.stop()  # nothing to stop: still fine
+    missing = DockerSandbox(
+        SandboxSpec(trial_id="m", environment_dir=None, docker_image="legorl/absent:1"), docker_client, None
+    )
+    with pytest.raises(SandboxError, match="no registry"):
+        missing.start()
+
+
+def test_orphans_are_reaped_and_kill_all_spares_the_container(make_box: MakeBox) -> None:
+    box = make_box(pids_limit=64)
+    # 100 orphans would exhaust 64 pids if PID 1 left them as zombies.
+    spawn = box.exec(
+        "for i in $(seq 100); do (sleep 0.01 &); done; sleep 0.5; ps -eo stat= | grep -c '^Z' || true",
+        timeout=30,
+        user=AGENT_USER,
+    )
+    assert spawn.stdout.strip() == "0", spawn
+    assert box.exec("setsid sleep 300 > /dev/null 2>&1 &", timeout=10, user=AGENT_USER).ok
+    box.kill_all_processes()
+    assert box.failure_reason() is None
+    assert not box.exec("pgrep -f 'sleep 30[0]'", timeout=10).ok

@@ -1,0 +1,135 @@
+"""The local sandbox: trial paths, limits, timeouts, copies and the Dockerfile replay."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rollout_server.sandbox import LocalSandbox, SandboxError, SandboxSpec
+from rollout_server.sandbox.local import bwrap_path
+
+needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
+MakeBox = Callable[..., LocalSandbox]
+
+
+@pytest.fixture
+def make_box() -> Iterator[MakeBox]:
+    made: list[LocalSandbox] = []
+
+    def make(environment_dir: Path | None = None, use_bwrap: bool | None = True, **limits: object) -> LocalSandbox:
+        box = LocalSandbox(
+            SandboxSpec(trial_id="local", environment_dir=environment_dir, **limits), use_bwrap=use_bwrap
+        )  # type: ignore[arg-type]
+        made.append(box)
+        box.start()
+        return box
+
+    yield make
+    for box in made:
+        box.stop()
+
+
+def task_env(root: Path) -> Path:
+    (root / "app" / "pkg").mkdir(parents=True)
+    (root / "app" / "pkg" / "mod.py").write_text("VALUE = 41\n")
+    (root / "Dockerfile").write_text(
+        "FROM legorl/base:bookworm\nWORKDIR /app\nCOPY --chown=agent:agent app/ /app/\nENV ANSWER=42\n"
+        "RUN echo built > built.txt\n"
+    )
+    return root
+
+
+def host_cmdlines() -> list[bytes]:
+    cmdlines = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdlines.append((proc / "cmdline").read_bytes())
+        except OSError:
+            continue
+    return cmdlines
+
+
+def test_is_marked_unisolated(make_box: MakeBox) -> None:
+    assert make_box().isolated is False
+
+
+@needs_bwrap
+def test_dockerfile_replay_and_trial_paths(make_box: MakeBox, tmp_path: Path) -> None:
+    box = make_box(task_env(tmp_path / "env"))
+    result = box.exec(
+        "pwd; echo $ANSWER; cat built.txt; python3 -c 'import pkg.mod as m; print(m.VALUE + 1)'", timeout=30
+    )
+    assert result.stdout.split() == ["/app", "42", "built", "42"], result
+    assert box.host_path("/app/built.txt").read_text() == "built\n"
+
+
+@needs_bwrap
+def test_host_system_is_read_only_and_processes_end_with_the_command(make_box: MakeBox) -> None:
+    box = make_box()
+    assert not box.exec("touch /usr/evil", timeout=10).ok
+    assert box.exec("(sleep 300.4242 &) ; echo spawned", timeout=10).ok
+    # Each command has its own pid namespace: the background sleep died with it (looked up from the host).
+    assert not any(b"300.4242" in cmdline for cmdline in host_cmdlines())
+
+
+@pytest.mark.parametrize("use_bwrap", [pytest.param(True, marks=needs_bwrap), False])
+def test_timeout_and_exit_codes(make_box: MakeBox, use_bwrap: bool) -> None:
+    box = make_box(use_bwrap=use_bwrap)
+    result = box.exec("echo out; echo err >&2; exit 3", timeout=10)
+    assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (3, "out\n", "err\n", False)
+    slow = box.exec("sleep 30; echo never", timeout=0.5)
+    assert slow.timed_out and slow.exit_code is None and "never" not in slow.stdout
+
+
+@pytest.mark.parametrize("use_bwrap", [pytest.param(True, marks=needs_bwrap), False])
+def test_memory_limit_is_enforced(make_box: MakeBox, use_bwrap: bool) -> None:
+    box = make_box(use_bwrap=use_bwrap, memory_mb=200)
+    result = box.exec(["python3", "-c", "x = bytearray(500 << 20)"], timeout=30)
+    assert result.exit_code != 0 and "MemoryError" in result.stderr
+
+
+def test_without_bwrap_commands_run_in_the_workdir_copy(make_box: MakeBox, tmp_path: Path) -> None:
+    box = make_box(task_env(tmp_path / "env"), use_bwrap=False)
+    result = box.exec("pwd; cat built.txt", timeout=10)
+    assert result.stdout.split() == [str(box.host_path("/app")), "built"]
+
+
+def test_copies_and_reserved_paths(make_box: MakeBox, tmp_path: Path) -> None:
+    box = make_box(use_bwrap=False)
+    src = tmp_path / "tests"
+    src.mkdir()
+    (src / "test.sh").write_text("echo hi\n")
+    box.host_path("/tests").mkdir()
+    (box.host_path("/tests") / "planted.sh").write_text("evil")
+    box.copy_in(src, "/tests")
+    assert sorted(os.listdir(box.host_path("/tests"))) == ["planted.sh", "test.sh"]  # merged, as `docker cp`
+    box.copy_out("/tests", tmp_path / "back")
+    assert (tmp_path / "back" / "test.sh").read_text() == "echo hi\n"
+    with pytest.raises(SandboxError, match="not a trial path"):
+        box.copy_in(src, "/usr/local/x")
+    with pytest.raises(SandboxError, match="does not exist"):
+        box.copy_out("/nothing", tmp_path / "y")
+
+
+def test_stop_removes_everything_and_is_idempotent(make_box: MakeBox) -> None:
+    box = make_box(use_bwrap=False)
+    root = box.host_path("/app").parent.parent
+    box.stop()
+    box.stop()
+    assert not root.exists()
+    assert box.failure_reason() == "sandbox directory is gone"
+
+
+def test_wall_clock_and_bad_dockerfile(make_box: MakeBox, tmp_path: Path) -> None:
+    box = make_box(use_bwrap=False, wall_clock_s=0.2)
+    os_sleep = box.exec("sleep 5", timeout=10)
+    assert os_sleep.timed_out
+    assert "wall-clock" in (box.failure_reason() or "")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "Dockerfile").write_text("FROM x\nCOPY ../outside /app/\n")
+    with pytest.raises(SandboxError, match="not in the build context"):
+        make_box(bad, use_bwrap=False)
