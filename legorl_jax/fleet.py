@@ -138,6 +138,7 @@ class Fleet:
             )
             return server.address, reply.loaded_version
 
+        await self.refresh()  # a server marked dead may be back; it must get the weights too
         live = [s for s in self._servers if s.alive]
         results = await asyncio.gather(*(one(s) for s in live), return_exceptions=True)
         loaded: dict[str, int] = {}

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import signal
 import socket
+import tempfile
 from pathlib import Path
 
 import grpc
@@ -64,6 +65,7 @@ class RolloutServer:
         self._proxy_task: asyncio.Task[None] | None = None
         self._factory: SandboxFactory | None = None
         self._clients: list[EngineClient | ProxyEngineClient] = []
+        self._weights_dir: tempfile.TemporaryDirectory[str] | None = None
 
     async def start(self) -> str:
         """Returns the gRPC address the server listens on."""
@@ -109,8 +111,10 @@ class RolloutServer:
             agent_timeout_s=cfg.fleet.agent_timeout_s,
             verifier_timeout_s=cfg.fleet.verifier_timeout_s,
         )
-        self.service = RolloutService(host, engine, tasks, limits)
-        self._grpc = grpc.aio.server()
+        self._weights_dir = tempfile.TemporaryDirectory(prefix="legorl-weights-")
+        self.service = RolloutService(host, engine, tasks, Path(self._weights_dir.name), limits)
+        # Streamed weights carry tokenizer files whole in their header (Qwen3's is ~11 MB).
+        self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
         pb_grpc.add_RolloutServiceServicer_to_server(self.service, self._grpc)
         port = self._grpc.add_insecure_port(self.address)
         if port == 0:
@@ -137,6 +141,8 @@ class RolloutServer:
             self._factory.close()
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
+        if self._weights_dir is not None:
+            self._weights_dir.cleanup()
 
     async def serve_forever(self, grace_s: float = 300.0) -> None:
         """Runs until SIGTERM or SIGINT, then drains: in-flight trials finish or are reported."""

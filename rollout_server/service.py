@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 
@@ -27,6 +28,7 @@ from rollout_server.harnesses import get_harness, harness_names
 from rollout_server.harnesses.base import HarnessConfigError
 from rollout_server.tasks import Task, TaskError, load_task
 from rollout_server.trial import TrialHost, TrialSpec, run_trial
+from rollout_server.weights import WeightTransferError, receive_stream, resolve_location
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,15 @@ class ServiceLimits:
 
 class RolloutService(pb_grpc.RolloutServiceServicer):
     def __init__(
-        self, host: TrialHost, engine: EngineClient, tasks: dict[str, Task], limits: ServiceLimits = ServiceLimits()
+        self,
+        host: TrialHost,
+        engine: EngineClient,
+        tasks: dict[str, Task],
+        weights_root: Path,
+        limits: ServiceLimits = ServiceLimits(),
     ) -> None:
         self.host = host
+        self.weights_root = weights_root
         self.engine = engine
         self.tasks = tasks
         self.limits = limits
@@ -99,7 +107,9 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
     ) -> AsyncIterator[pb.Trajectory]:
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
-        if request.policy_version != self.host.policy_version:
+        if request.policy_version > self.host.policy_version:
+            # The weights the caller expects have not arrived; a newer policy is fine
+            # (each sequence records the version that sampled it; the trainer bounds lag).
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"engine serves policy version {self.host.policy_version}, request wants {request.policy_version}",
@@ -149,17 +159,34 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
     async def UpdateWeights(
         self, request: pb.UpdateWeightsRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateWeightsResponse:
-        location = request.location.removeprefix("file://")
-        if not location:
+        if not request.location:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "location is empty")
         async with self._weights_lock:
-            started = time.monotonic()
             try:
-                await self.engine.update_weights(location)
-            except EngineError as exc:
-                await context.abort(grpc.StatusCode.INTERNAL, f"engine reload failed: {exc}")
-            self.host.policy_version = request.version
-            return pb.UpdateWeightsResponse(loaded_version=request.version, reload_s=time.monotonic() - started)
+                directory = await asyncio.to_thread(resolve_location, request.location, self.weights_root)
+            except WeightTransferError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return await self._load(request.version, directory, context)
+
+    async def StreamWeights(
+        self, request_iterator: AsyncIterator[pb.WeightChunk], context: grpc.aio.ServicerContext
+    ) -> pb.UpdateWeightsResponse:
+        async with self._weights_lock:
+            try:
+                version, directory = await receive_stream(request_iterator, self.weights_root)
+            except WeightTransferError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return await self._load(version, directory, context)
+
+    async def _load(self, version: int, directory: Path, context: grpc.aio.ServicerContext) -> pb.UpdateWeightsResponse:
+        """pause → reload → reset prefix cache → resume; new trials then carry `version`."""
+        started = time.monotonic()
+        try:
+            await self.engine.update_weights(str(directory))
+        except EngineError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, f"engine reload of {directory} failed: {exc}")
+        self.host.policy_version = version
+        return pb.UpdateWeightsResponse(loaded_version=version, reload_s=time.monotonic() - started)
 
     # -------------------------------------------------------------- Status --
 

@@ -113,13 +113,24 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
         out.status, out.error = pb.TRIAL_STATUS_CANCELLED, "cancelled before the trial finished"
         harness_metrics = {}
         raise
+    except Exception as exc:  # a fault of this server's own: report the trial, keep serving
+        log.exception("trial %s failed inside the rollout server", spec.trial_id)
+        out.status, out.error = pb.TRIAL_STATUS_ENV_FAILURE, f"rollout server fault: {exc!r}"
+        out.ClearField("reward")
+        harness_metrics = {}
     finally:
         phase = time.monotonic()
         if sandbox is not None:
             await asyncio.shield(asyncio.to_thread(_stop_quietly, sandbox))
         times.teardown_s = time.monotonic() - phase
         host.sessions.delete(session.key)
-        _fill_capture(out, session.trajectory)
+        try:
+            _fill_capture(out, session.trajectory)
+        except Exception as exc:  # same: a fault here must not end the stream
+            log.exception("trial %s: capture could not be read", spec.trial_id)
+            out.status, out.error = pb.TRIAL_STATUS_ENV_FAILURE, f"rollout server fault reading the capture: {exc!r}"
+            out.ClearField("reward")
+            del out.sequences[:]
         out.metrics.phase_times.CopyFrom(times)
         out.metrics.tool_calls = max(out.metrics.tool_calls, int(harness_metrics.get("tool_calls", 0)))
     return out
@@ -212,7 +223,7 @@ def _fill_capture(out: pb.Trajectory, capture: Capture) -> None:
                 loss_mask=seq.loss_mask,
                 behavior_logprobs=seq.behavior_logprobs,
                 policy_version=seq.policy_version,
-                side_call=seq.side,
+                side_call=capture.is_side(seq),
                 num_model_calls=len(seq.calls),
             )
         )

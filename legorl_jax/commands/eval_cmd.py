@@ -1,0 +1,51 @@
+"""`legorl eval`: pass rates of a model on tasks, per harness configuration."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from legorl_jax.commands import add_config_arguments
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="HF model directory to evaluate")
+    parser.add_argument(
+        "--tasks", nargs="+", default=None, metavar="PATH",
+        help="task roots or JSONL indexes (default: the config's tasks.eval, else the demo tasks)",
+    )
+    parser.add_argument(
+        "--harness", action="append", default=None, metavar="JSON",
+        help='harness config as JSON, e.g. \'{"name": "lego", "options": {"tools": "bash_only"}}\' '
+        "(repeatable; default: the config's harness_mix)",
+    )
+    parser.add_argument("--samples", type=int, default=1, help="trials per task and harness config")
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from legorl_jax.config import ConfigError, HarnessSpec, load_config
+    from legorl_jax.train.groups import harness_choice
+    from legorl_jax.train.loop import Trainer, task_ids
+
+    overrides = [*args.overrides, f"model.path={args.model}"]
+    config = load_config(args.config, overrides)
+    try:
+        specs = [HarnessSpec.model_validate(json.loads(h)) for h in args.harness] if args.harness else None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"--harness: {exc}") from None
+    choices = [harness_choice(h) for h in (specs or config.harness_mix.harnesses)]
+    sources = args.tasks or config.tasks.eval
+    ids = task_ids(sources, demo=not sources)
+    if args.samples < 1:
+        raise ConfigError("--samples must be at least 1")
+
+    async def main() -> dict[str, float]:
+        trainer = Trainer(config, progress=False)
+        async with trainer.fleet_session(config.model.path) as fleet:
+            return await trainer.evaluate(fleet, ids * args.samples, choices)
+
+    results = asyncio.run(main())
+    print(json.dumps({"tasks": len(ids), "samples": args.samples, **results}, indent=2))
+    return 0

@@ -1,0 +1,104 @@
+"""From rolled-out groups to the learner's sequences, and the step's rollout metrics.
+
+Ungraded trajectories (reward absent: environment failures) leave both the
+loss and their group's baseline; groups without reward contrast carry no
+signal and are reported as dropped so the trainer samples more.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from legorl_jax.fleet import GroupResult
+from legorl_jax.rl.advantages import compute_advantages
+from legorl_jax.rl.batching import TrainSequence
+from protos.legorl.v1 import rollout_pb2 as pb
+
+PASS_THRESHOLD = 1.0 - 1e-6
+
+
+@dataclass
+class Assembled:
+    sequences: list[TrainSequence] = field(default_factory=list)
+    informative_groups: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def is_informative(group: GroupResult) -> bool:
+    rewards = [t.reward for t in group.trajectories if t.HasField("reward")]
+    return len(rewards) >= 2 and max(rewards) - min(rewards) > 1e-9
+
+
+def rollout_metrics(groups: list[GroupResult]) -> dict[str, float]:
+    """Reward, pass rates (overall and per harness configuration) and statuses."""
+    trajectories = [t for g in groups for t in g.trajectories]
+    graded = [t for t in trajectories if t.HasField("reward")]
+    out: dict[str, float] = {
+        "rollout/trials": float(len(trajectories)),
+        "rollout/graded": float(len(graded)),
+        "rollout/env_failures": float(sum(t.status == pb.TRIAL_STATUS_ENV_FAILURE for t in trajectories)),
+        "rollout/model_calls": float(sum(t.metrics.model_calls for t in trajectories)),
+        "rollout/completion_tokens": float(sum(t.metrics.completion_tokens for t in trajectories)),
+        "rollout/reissues": float(sum(g.reissues for g in groups)),
+    }
+    if graded:
+        out["reward/mean"] = float(np.mean([t.reward for t in graded]))
+        out["pass_rate"] = float(np.mean([t.reward >= PASS_THRESHOLD for t in graded]))
+    by_config: dict[str, list[float]] = defaultdict(list)
+    for t in graded:
+        by_config[t.harness.config_id or t.harness.name].append(float(t.reward >= PASS_THRESHOLD))
+    for config_id, passes in sorted(by_config.items()):
+        out[f"pass_rate/{config_id}"] = float(np.mean(passes))
+    for status, count in Counter(pb.TrialStatus.Name(t.status) for t in trajectories).items():
+        out[f"status/{status.removeprefix('TRIAL_STATUS_').lower()}"] = float(count)
+    return out
+
+
+def assemble(
+    groups: list[GroupResult], estimator: str, *, min_policy_version: int = 0, include_side_calls: bool = False
+) -> Assembled:
+    """Advantages per group, then one TrainSequence per trainable token sequence."""
+    stale = 0
+    rewards: list[list[float | None]] = []
+    for group in groups:
+        row: list[float | None] = []
+        for t in group.trajectories:
+            versions = [s.policy_version for s in t.sequences]
+            if versions and min(versions) < min_policy_version:
+                stale += 1  # sampled by a policy older than the lag bound allows
+                row.append(None)
+            else:
+                row.append(t.reward if t.HasField("reward") else None)
+        rewards.append(row)
+    advantages = compute_advantages(rewards, estimator)
+
+    out = Assembled(informative_groups=advantages.kept_groups)
+    skipped_sequences = 0
+    for group, group_adv in zip(groups, advantages.advantages, strict=True):
+        for trajectory, advantage in zip(group.trajectories, group_adv, strict=True):
+            if advantage is None:
+                continue
+            for seq in trajectory.sequences:
+                if (seq.side_call and not include_side_calls) or len(seq.token_ids) < 2 or not any(seq.loss_mask):
+                    skipped_sequences += 1
+                    continue
+                out.sequences.append(
+                    TrainSequence(
+                        token_ids=np.asarray(seq.token_ids, np.int32),
+                        loss_mask=np.asarray(seq.loss_mask, bool),
+                        behavior_logprobs=np.asarray(seq.behavior_logprobs, np.float32),
+                        advantage=float(advantage),
+                        policy_version=seq.policy_version,
+                    )
+                )
+    out.metrics = {
+        **rollout_metrics(groups),
+        **advantages.metrics(),
+        "trajectories/stale": float(stale),
+        "sequences/trained": float(len(out.sequences)),
+        "sequences/skipped": float(skipped_sequences),
+    }
+    return out

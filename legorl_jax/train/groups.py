@@ -1,0 +1,71 @@
+"""Which groups to roll out next: tasks in shuffled epochs, a harness
+configuration drawn per group from the configured mix.
+
+The sampler's whole state is a small cursor (epoch, position) that goes into
+every checkpoint, so a resumed run asks for the same tasks it would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+
+from legorl_jax.config import HarnessSpec
+
+
+@dataclass(frozen=True)
+class HarnessChoice:
+    name: str
+    options_json: str
+    config_id: str
+
+
+def harness_choice(spec: HarnessSpec) -> HarnessChoice:
+    options_json = json.dumps(spec.options, sort_keys=True, separators=(",", ":"))
+    readable = ",".join(f"{k}={v}" for k, v in sorted(spec.options.items()) if isinstance(v, str | int | float))
+    if readable and len(readable) <= 48:
+        config_id = f"{spec.name}[{readable}]"
+    elif spec.options:
+        config_id = f"{spec.name}~{hashlib.sha256(options_json.encode()).hexdigest()[:8]}"
+    else:
+        config_id = spec.name
+    return HarnessChoice(spec.name, options_json, config_id)
+
+
+class GroupSampler:
+    """Yields (task_id, harness) pairs; every task once per epoch, in a seeded order."""
+
+    def __init__(self, task_ids: list[str], harnesses: list[HarnessSpec], seed: int) -> None:
+        if not task_ids:
+            raise ValueError("no training tasks: set tasks.train or tasks.demo")
+        self.task_ids = sorted(task_ids)
+        self.choices = [harness_choice(h) for h in harnesses]
+        self.weights = [h.weight for h in harnesses]
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+
+    def _order(self, epoch: int) -> list[str]:
+        order = list(self.task_ids)
+        random.Random(f"{self.seed}/tasks/{epoch}").shuffle(order)
+        return order
+
+    def next(self) -> tuple[str, HarnessChoice]:
+        order = self._order(self.epoch)
+        task = order[self.position]
+        draw = random.Random(f"{self.seed}/harness/{self.epoch}/{self.position}")
+        harness = draw.choices(self.choices, weights=self.weights)[0]
+        self.position += 1
+        if self.position == len(order):
+            self.epoch, self.position = self.epoch + 1, 0
+        return task, harness
+
+    @property
+    def cursor(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def restore(self, cursor: dict[str, int]) -> None:
+        self.epoch = int(cursor.get("epoch", 0))
+        self.position = int(cursor.get("position", 0)) % len(self.task_ids)

@@ -1,0 +1,293 @@
+"""The rollout host's side of weight publishing: turning what the learner sends
+into a local HF directory the engine can reload from.
+
+Two ways in, matching the two RPCs:
+
+- `resolve_location(uri, cache_root)` for `UpdateWeights`: a local path or
+  `file://` URI is used in place; any other scheme (`gs://`, ...) is a
+  tensorstore kvstore prefix, downloaded once into `cache_root`.
+- `receive_stream(chunks, dest_root)` for `StreamWeights`: a header with the
+  small files (config, tokenizer, the safetensors index) followed by tensor
+  chunks, assembled one safetensors file at a time.
+
+Both build the directory under a hidden temporary name and rename it into place
+only when it is complete, so the engine never sees a half-written version and a
+failed transfer leaves nothing behind. Older versions are pruned to `keep`.
+Blocking calls (`resolve_location`) belong in a worker thread under asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator
+from pathlib import Path, PurePosixPath
+import ml_dtypes
+import numpy as np
+import tensorstore as ts
+from safetensors.numpy import save_file
+
+from protos.legorl.v1 import rollout_pb2 as pb
+
+INDEX_FILE = "model.safetensors.index.json"
+DEFAULT_KEEP = 2
+_TMP_PREFIX = ".incoming-"
+
+# safetensors dtype names -> numpy dtypes; ml_dtypes supplies the ones numpy lacks.
+_DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(dtype)
+    for name, dtype in {
+        "F64": np.float64,
+        "F32": np.float32,
+        "F16": np.float16,
+        "BF16": ml_dtypes.bfloat16,
+        "F8_E4M3": ml_dtypes.float8_e4m3fn,
+        "F8_E5M2": ml_dtypes.float8_e5m2,
+        "I64": np.int64,
+        "I32": np.int32,
+        "I16": np.int16,
+        "I8": np.int8,
+        "U64": np.uint64,
+        "U32": np.uint32,
+        "U16": np.uint16,
+        "U8": np.uint8,
+        "BOOL": np.bool_,
+    }.items()
+}
+
+# Temporary directories this process is filling; any other one under a root is
+# debris of a process that died mid-transfer (one server owns a root).
+_ACTIVE: set[Path] = set()
+
+
+class WeightTransferError(ValueError):
+    """Weights could not be received or located: the message says what was wrong."""
+
+
+def version_dir_name(version: int) -> str:
+    return f"v{version:08d}"
+
+
+def install_directory(tmp: Path, final: Path) -> None:
+    """Renames a finished `tmp` to `final`, replacing an older `final` so that
+    at no moment is `final` missing or partial (a republished version)."""
+    if final.exists():
+        trash = final.with_name(f"{_TMP_PREFIX}trash-{final.name}-{uuid.uuid4().hex[:8]}")
+        final.rename(trash)
+        tmp.rename(final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        tmp.rename(final)
+
+
+def prune_versions(root: Path, keep: int, current: Path) -> None:
+    """Keeps `current` and the newest `keep - 1` other directories; removes the
+    rest and the debris of dead transfers."""
+    entries = [p for p in root.iterdir() if p.is_dir()]
+    debris = [p for p in entries if p.name.startswith(_TMP_PREFIX) and p not in _ACTIVE]
+    versions = sorted(
+        (p for p in entries if not p.name.startswith(_TMP_PREFIX) and p != current),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for stale in debris + versions[max(keep - 1, 0) :]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _new_tmp(root: Path, label: str) -> Path:
+    tmp = root / f"{_TMP_PREFIX}{label}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    _ACTIVE.add(tmp)
+    return tmp
+
+
+def _plain_name(name: str, what: str) -> str:
+    """A bare file name: a sender must not place files outside the directory."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise WeightTransferError(f"{what} {name!r} is not a plain file name")
+    return name
+
+
+# ------------------------------------------------------------- streaming ---
+
+
+class _Tensor:
+    def __init__(self, file: str, dtype: str, shape: tuple[int, ...]) -> None:
+        self.file, self.dtype, self.shape = file, dtype, shape
+        self.array = np.empty(shape, _DTYPES[dtype])
+        self.received = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.received == self.array.nbytes
+
+
+class _Assembly:
+    """Validates a weight stream and writes each safetensors file as soon as all
+    of its tensors are in, so memory holds about one file, not the model."""
+
+    def __init__(self, header: pb.WeightHeader, tmp: Path) -> None:
+        self.version = header.version
+        self.tmp = tmp
+        self.files = {_plain_name(n, "header file"): bytes(v) for n, v in header.files.items()}
+        if any(name.endswith(".safetensors") for name in self.files):
+            raise WeightTransferError("header carries a .safetensors file; tensors travel only as chunks")
+        if "config.json" not in self.files:
+            raise WeightTransferError("header lacks config.json")
+        if INDEX_FILE not in self.files:
+            raise WeightTransferError(f"header lacks {INDEX_FILE} (the sender always sends the index)")
+        try:
+            index = json.loads(self.files[INDEX_FILE])
+            self.weight_map: dict[str, str] = dict(index["weight_map"])
+            self.total_size: int | None = index.get("metadata", {}).get("total_size")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise WeightTransferError(f"{INDEX_FILE} in the header is not a safetensors index: {exc}") from None
+        if not self.weight_map:
+            raise WeightTransferError(f"{INDEX_FILE} in the header lists no tensors")
+        self.pending: dict[str, set[str]] = {}
+        for name, file in self.weight_map.items():
+            if not _plain_name(file, "index file").endswith(".safetensors"):
+                raise WeightTransferError(f"index maps {name} to {file!r}, not a .safetensors file")
+            self.pending.setdefault(file, set()).add(name)
+        self.tensors: dict[str, _Tensor] = {}
+        self.done: set[str] = set()
+        self.received_bytes = 0
+
+    def add(self, chunk: pb.TensorChunk) -> str | None:
+        """Stores one chunk; returns a file name once all of its tensors are in."""
+        name = chunk.name
+        if name not in self.weight_map:
+            raise WeightTransferError(f"tensor {name!r} is not in the header's index")
+        if name in self.done:
+            raise WeightTransferError(f"tensor {name!r} was already received in full")
+        shape = tuple(int(d) for d in chunk.shape)
+        tensor = self.tensors.get(name)
+        if tensor is None:
+            if chunk.dtype not in _DTYPES:
+                raise WeightTransferError(f"tensor {name!r}: unknown safetensors dtype {chunk.dtype!r}")
+            tensor = self.tensors[name] = _Tensor(self.weight_map[name], chunk.dtype, shape)
+        elif (chunk.dtype, shape) != (tensor.dtype, tensor.shape):
+            said, earlier = f"{chunk.dtype}{list(shape)}", f"{tensor.dtype}{list(tensor.shape)}"
+            raise WeightTransferError(f"tensor {name!r}: chunk says {said}, earlier chunks {earlier}")
+        # Chunks of a tensor arrive in order on one stream; anything else is a broken sender.
+        if chunk.offset != tensor.received:
+            raise WeightTransferError(f"tensor {name!r}: chunk at byte {chunk.offset}, expected {tensor.received}")
+        end = tensor.received + len(chunk.data)
+        if end > tensor.array.nbytes:
+            raise WeightTransferError(
+                f"tensor {name!r}: {end} bytes sent, but {tensor.dtype}{list(tensor.shape)} holds {tensor.array.nbytes}"
+            )
+        tensor.array.reshape(-1).view(np.uint8)[tensor.received : end] = np.frombuffer(chunk.data, np.uint8)
+        tensor.received = end
+        if not tensor.complete:
+            return None
+        self.done.add(name)
+        self.received_bytes += tensor.array.nbytes
+        waiting = self.pending[tensor.file]
+        waiting.discard(name)
+        return None if waiting else tensor.file
+
+    def write_file(self, file: str) -> None:
+        names = [n for n, f in self.weight_map.items() if f == file]
+        save_file({n: self.tensors[n].array for n in names}, self.tmp / file, metadata={"format": "pt"})
+        for n in names:
+            del self.tensors[n]
+
+    def finish(self) -> None:
+        missing = sorted(set(self.weight_map) - self.done)
+        if missing:
+            raise WeightTransferError(f"stream ended with {len(missing)} tensors incomplete or missing: {missing[:5]}")
+        if self.total_size is not None and self.total_size != self.received_bytes:
+            raise WeightTransferError(f"index says {self.total_size} bytes in total, received {self.received_bytes}")
+        for name, data in self.files.items():
+            (self.tmp / name).write_bytes(data)
+
+
+async def receive_stream(
+    chunks: AsyncIterable[pb.WeightChunk], dest_root: Path, *, keep: int = DEFAULT_KEEP
+) -> tuple[int, Path]:
+    """Assembles a `StreamWeights` stream into `dest_root/v{version:08d}`;
+    returns (version, directory). Raises WeightTransferError on a malformed
+    stream, leaving nothing under dest_root."""
+    dest_root = Path(dest_root)
+    dest_root.mkdir(parents=True, exist_ok=True)
+    stream: AsyncIterator[pb.WeightChunk] = aiter(chunks)
+    first = await anext(stream, None)
+    if first is None or first.WhichOneof("payload") != "header":
+        raise WeightTransferError("a weight stream must start with a header message")
+    tmp = _new_tmp(dest_root, version_dir_name(first.header.version))
+    try:
+        assembly = _Assembly(first.header, tmp)
+        async for message in stream:
+            if message.WhichOneof("payload") != "tensor":
+                raise WeightTransferError("only the first message of a weight stream may be a header")
+            finished = assembly.add(message.tensor)
+            if finished is not None:
+                await asyncio.to_thread(assembly.write_file, finished)
+        assembly.finish()
+        final = dest_root / version_dir_name(assembly.version)
+        install_directory(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        _ACTIVE.discard(tmp)
+    prune_versions(dest_root, keep, final)
+    return assembly.version, final
+
+
+# -------------------------------------------------------------- location ---
+
+
+def resolve_location(
+    uri: str, cache_root: Path, *, keep: int = DEFAULT_KEEP, context: ts.Context | None = None
+) -> Path:
+    """The local HF directory for an `UpdateWeights` location. Blocking.
+
+    `context` is a `tensorstore.Context` for remote schemes (tests share one
+    with the writer to reach a `memory://` store)."""
+    if not uri:
+        raise WeightTransferError("weights location is empty")
+    if uri.startswith("file://") or "://" not in uri:
+        local = Path(uri.removeprefix("file://"))
+        if not (local / "config.json").is_file():
+            raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
+        return local
+    return _download(uri, Path(cache_root), keep, context)
+
+
+def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None) -> Path:
+    prefix = uri.rstrip("/")
+    # Always fetched, never served from the cache: a resumed run republishes
+    # a version number with new weights at the same URI.
+    name = f"{PurePosixPath(prefix).name}-{hashlib.sha256(prefix.encode()).hexdigest()[:12]}"
+    final = cache_root / name
+    try:
+        kv = ts.KvStore.open(prefix + "/", context=context).result()
+        keys = [key.decode() for key in kv.list().result()]
+    except ValueError as exc:
+        raise WeightTransferError(f"{uri}: cannot open with tensorstore: {exc}") from None
+    if "config.json" not in keys:
+        raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
+    cache_root.mkdir(parents=True, exist_ok=True)
+    tmp = _new_tmp(cache_root, name)
+    try:
+        for key in keys:
+            parts = [_plain_name(part, "remote file") for part in key.split("/")]
+            target = tmp.joinpath(*parts)
+            result = kv.read(key).result()
+            if result.state != "value":
+                raise WeightTransferError(f"{uri}: {key} vanished during the download")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(result.value)
+        install_directory(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        _ACTIVE.discard(tmp)
+    prune_versions(cache_root, keep, final)
+    return final
