@@ -10,7 +10,14 @@ import sys
 # name -> (module, one-line help). A module exposes `add_arguments(parser)` and
 # `run(args) -> int`. Only subcommands that work are listed here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("legorl_jax.commands.train_cmd", "GRPO training inside real harnesses (default: the embedded demo)"),
+    "eval": ("legorl_jax.commands.eval_cmd", "pass rates of a model on tasks, per harness configuration"),
+    "plot": ("legorl_jax.commands.plot_cmd", "redraw a run's reward plot from its metrics.jsonl"),
     "config": ("legorl_jax.commands.config_cmd", "show the resolved run config or its JSON schema"),
+    "serve": ("legorl_jax.commands.serve_cmd", "run the embedded JAX inference engine (vLLM-compatible HTTP)"),
+    "proxy": ("legorl_jax.commands.proxy_cmd", "run the token-capture proxy in front of an engine, with an admin API"),
+    "rollout-server": ("legorl_jax.commands.rollout_server_cmd", "run a rollout host: engine, proxy, sandboxes, gRPC service"),
+    "convert": ("legorl_jax.commands.convert_cmd", "convert a model between HF checkpoint directories and Orbax"),
 }
 
 

@@ -24,9 +24,7 @@ from rollout_server.backends.client import EngineClient
 from rollout_server.backends.launch import ManagedEngine, start_engine
 from rollout_server.proxy.app import build_app
 from rollout_server.proxy.engine_client import EngineClient as ProxyEngineClient
-from rollout_server.proxy.render import ChatTemplate
-from rollout_server.proxy.service import ProxyCore
-from rollout_server.proxy.session import SessionCaps, SessionStore
+from rollout_server.proxy.service import build_core
 from rollout_server.sandbox import SandboxFactory
 from rollout_server.service import RolloutService, ServiceLimits
 from rollout_server.tasks import Task, demo_tasks, load_tasks
@@ -69,8 +67,6 @@ class RolloutServer:
 
     async def start(self) -> str:
         """Returns the gRPC address the server listens on."""
-        from transformers import AutoTokenizer
-
         cfg = self.config
         tasks = server_tasks(cfg)
         self.engine = await asyncio.to_thread(start_engine, cfg.engine, self.model_dir)
@@ -88,24 +84,15 @@ class RolloutServer:
         if self._factory.network is not None:
             sockets.append(_bind(self._factory.network.gateway, proxy_port))
 
-        store = SessionStore(
-            SessionCaps(
-                max_model_calls=cfg.proxy.max_model_calls,
-                max_total_tokens=cfg.proxy.max_total_tokens,
-                max_wall_s=cfg.proxy.max_wall_s,
-            )
+        core = build_core(
+            self.model_dir, self.engine.url, served_model=served, max_context=cfg.engine.max_context, config=cfg.proxy
         )
-        proxy_engine = ProxyEngineClient(self.engine.url, served)
-        self._clients.append(proxy_engine)
-        template = ChatTemplate(AutoTokenizer.from_pretrained(self.model_dir))
-        core = ProxyCore(
-            template, proxy_engine, store, max_context=cfg.engine.max_context, tool_call_format=cfg.proxy.tool_call_format
-        )
+        self._clients.append(core.engine)
         app = build_app(core, keepalive_s=cfg.proxy.keepalive_s)
         self._proxy = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         self._proxy_task = asyncio.create_task(self._proxy.serve(sockets=sockets))
 
-        host = TrialHost(self._factory, store, proxy_port, served, policy_version=0)
+        host = TrialHost(self._factory, core.store, proxy_port, served, policy_version=0)
         limits = ServiceLimits(
             capacity=cfg.fleet.capacity_per_server,
             agent_timeout_s=cfg.fleet.agent_timeout_s,

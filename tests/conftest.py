@@ -30,6 +30,19 @@ def _npm_available() -> str | None:
     return None if shutil.which("npm") and shutil.which("node") else "node/npm not found"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Options of the engine contract suite (tests/contract); here, because pytest
+    reads option hooks only from conftests loaded at start-up."""
+    group = parser.getgroup("engine contract")
+    group.addoption("--engine-url", default=None, help="base URL of the engine under test (default: embedded engine)")
+    group.addoption("--engine-reload-path", default=None, help="HF weights directory the engine can reload")
+    group.addoption(
+        "--engine-reload-method",
+        default="reload_weights",
+        help="collective_rpc method that reloads from a path (reload_weights_from_path with the vLLM worker extension)",
+    )
+
+
 _CHECKS = {"docker": _docker_available, "npm": _npm_available}
 _cache: dict[str, str | None] = {}
 

@@ -1,0 +1,55 @@
+"""`legorl serve`: the embedded JAX inference engine behind vLLM's HTTP surface."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="HF model directory (config.json, safetensors, tokenizer)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None, help="model id clients send (default: the --model path)")
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="KV-cache slots: sequences decoded together")
+    parser.add_argument("--max-model-len", type=int, default=4096, help="context length (prompt + completion)")
+    parser.add_argument("--max-chunk", type=int, default=256, help="largest prefill chunk per step")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help="write logprob tokens as 'token_id:<id>' (vLLM's flag of the same name)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("max_num_seqs", "max_model_len", "max_chunk"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"legorl serve: --{name.replace('_', '-')} must be positive")
+    # Checked before the heavy imports, so a wrong path fails in well under a second.
+    if not (Path(args.model) / "config.json").is_file():
+        raise SystemExit(f"legorl serve: {args.model}: not an HF model directory (no config.json)")
+    import uvicorn
+
+    from legorl_jax.serve.app import create_app
+    from legorl_jax.serve.loader import WeightsError, load_served_model
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        served = load_served_model(
+            args.model,
+            max_slots=args.max_num_seqs,
+            max_len=args.max_model_len,
+            max_chunk=args.max_chunk,
+            dtype=args.dtype,
+            served_name=args.served_model_name,
+        )
+    except WeightsError as exc:
+        raise SystemExit(f"legorl serve: {exc}") from None
+    try:
+        app = create_app(served, return_tokens_as_token_ids=args.return_tokens_as_token_ids)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info", lifespan="off")
+    finally:
+        served.engine.shutdown()
+    return 0

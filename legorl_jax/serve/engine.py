@@ -1,0 +1,373 @@
+"""Continuous-batching generation over a fixed set of KV-cache slots.
+
+One background thread owns the device. Each iteration it admits waiting
+requests into free slots, runs one `DeviceStep` over all slots (prefill chunks
+and single decode tokens together), and hands every request its new token
+through the request's `sink`. Finished requests leave their slot at once, so
+new ones join a running batch between steps.
+
+A slot's state is just its token list and how many of those tokens have K/V in
+the cache (`cached`): prefill and decode are both "feed tokens[cached:]". That
+makes invalidating the cache after a weight reload trivial: set cached = 0 and
+the slot recomputes its K/V under the new weights before sampling again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from legorl_jax.serve.scheduling import PauseMode, build_inputs, chunk_buckets, row_buckets
+from legorl_jax.serve.step import DeviceStep, StepOutputs
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0
+    stop_token_ids: frozenset[int] = frozenset()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptEntry:
+    """Logprob of one prompt token (given the tokens before it), its rank,
+    and the best alternatives as (id, logprob) when asked for."""
+
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLogprobsEvent:
+    entries: list[PromptEntry]  # one per prompt token after the first
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishEvent:
+    reason: FinishReason
+    stop_token: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+
+
+Event = TokenEvent | PromptLogprobsEvent | FinishEvent | ErrorEvent
+
+
+@dataclasses.dataclass
+class GenRequest:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    sink: Callable[[Event], None]
+
+
+@dataclasses.dataclass
+class Slot:
+    request: GenRequest
+    tokens: list[int]
+    cached: int = 0
+    prompt_entries: list[PromptEntry] | None = None
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - len(self.request.prompt)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.prompt_entries is not None and self.cached < len(self.request.prompt)
+
+
+class ContextLengthError(ValueError):
+    """The prompt plus the requested completion does not fit the engine's context."""
+
+
+class Engine:
+    """Generation engine over `slots` rows of `max_len` positions."""
+
+    def __init__(
+        self,
+        step: DeviceStep,
+        state: Any,
+        new_cache: Callable[[], Any],
+        *,
+        max_len: int,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+        max_chunk: int = 256,
+    ) -> None:
+        self._step = step
+        self._state = state
+        # A factory, not a cache: a failed step may have consumed the donated cache.
+        self._new_cache = lambda: _committed(new_cache())
+        self._cache = self._new_cache()
+        self.max_len = max_len
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self._chunks = chunk_buckets(min(max_chunk, max_len))
+        self._slots: list[Slot | None] = [None] * _slot_count(self._cache)
+        self._rows = row_buckets(len(self._slots))
+        self._waiting: deque[GenRequest] = deque()
+        self._cond = threading.Condition()
+        self._paused = False
+        self._draining = False
+        self._stepping = False
+        self._stopping = False
+        self._epoch = 0
+        self.weight_version = 0
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "finished": 0}
+        self._thread = threading.Thread(target=self._loop, name="legorl-engine", daemon=True)
+
+    # ----- lifecycle ---------------------------------------------------------
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=60)
+        self._fail_all("engine shut down")
+
+    # ----- requests ----------------------------------------------------------
+    def validate(self, prompt: list[int], max_tokens: int | None) -> int:
+        """Checks a prompt's ids and length; returns the effective max_tokens.
+        Raises ContextLengthError or ValueError."""
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of vocabulary (size {self.vocab_size})")
+        prompt_len = len(prompt)
+        room = self.max_len - prompt_len
+        wanted = prompt_len + (max_tokens or 0)
+        if room <= 0 or (max_tokens is not None and max_tokens > room):
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.max_len} tokens. However, you requested "
+                f"{wanted} tokens ({prompt_len} in the prompt, {max_tokens or 0} in the completion). "
+                "Please reduce the length of the prompt or completion."
+            )
+        return room if max_tokens is None else max_tokens
+
+    def submit(self, request: GenRequest) -> None:
+        self.validate(request.prompt, request.params.max_tokens)
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("engine is shut down")
+            self._waiting.append(request)
+            self._cond.notify_all()
+
+    def abort(self, request_id: str) -> None:
+        """Ends a request (client went away); it gets no further events."""
+        with self._cond:
+            self._waiting = deque(r for r in self._waiting if r.request_id != request_id)
+            for i, slot in enumerate(self._slots):
+                if slot is not None and slot.request.request_id == request_id:
+                    self._slots[i] = None
+
+    # ----- weights and pausing ----------------------------------------------
+    def pause(self, mode: PauseMode) -> None:
+        """abort: end in-flight requests now; wait: let them finish first;
+        keep: freeze them where they are. Returns once no step is running."""
+        with self._cond:
+            if mode == "abort":
+                self._finish_all("abort")
+            if mode == "wait":
+                self._draining = True
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._stopping or not any(self._slots))
+                self._draining = False
+            self._paused = True
+            self._cond.wait_for(lambda: not self._stepping)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def swap_weights(self, state: Any) -> int:
+        """Installs new weights (same architecture) and returns the new version.
+        Every in-flight request recomputes its K/V under the new weights."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._stepping)
+            self._state = state
+            self.weight_version += 1
+            self._invalidate_cache()
+            return self.weight_version
+
+    def reset_cache(self) -> int:
+        """Drops all cached K/V; kept requests recompute it. Returns slots reset."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._stepping)
+            return self._invalidate_cache()
+
+    def _invalidate_cache(self) -> int:
+        self._epoch += 1
+        active = [s for s in self._slots if s is not None]
+        for slot in active:
+            slot.cached = 0
+        return len(active)
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            return {
+                **self.counters,
+                "running": sum(s is not None for s in self._slots),
+                "waiting": len(self._waiting),
+                "slots": len(self._slots),
+                "weight_version": self.weight_version,
+                "paused": int(self._paused),
+            }
+
+    # ----- the loop ----------------------------------------------------------
+    def _ready(self) -> bool:
+        return self._stopping or (
+            not self._paused and (any(self._slots) or (bool(self._waiting) and not self._draining))
+        )
+
+    def _admit(self) -> None:
+        for i, slot in enumerate(self._slots):
+            if slot is not None or not self._waiting or self._draining:
+                continue
+            req = self._waiting.popleft()
+            want_prompt = req.params.prompt_logprobs is not None
+            self._slots[i] = Slot(req, list(req.prompt), prompt_entries=[] if want_prompt else None)
+            self.counters["prompt_tokens"] += len(req.prompt)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(self._ready)
+                if self._stopping:
+                    return
+                self._admit()
+                slots = list(self._slots)
+                epoch, state = self._epoch, self._state
+                inputs, fed = build_inputs(slots, self._chunks, self._rows)
+                self._stepping = True
+            try:
+                want_top = any(s is not None and (s.request.params.logprobs or 0) > 0 for s in slots)
+                want_prompt = any(s is not None and s.wants_prompt_logprobs for s in slots)
+                self._cache, out = self._step(state, self._cache, inputs, want_top, want_prompt)
+            except Exception as exc:  # a failed step must fail its requests, never hang them
+                log.exception("engine step failed")
+                with self._cond:
+                    self._stepping = False
+                    self._cache = self._new_cache()
+                    self._fail_all(f"engine step failed: {exc}")
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                self._stepping = False
+                self.counters["steps"] += 1
+                if epoch == self._epoch:
+                    self._apply(slots, fed, inputs.positions, out)
+                self._cond.notify_all()
+
+    def _apply(self, slots: list[Slot | None], fed: list[int], positions: np.ndarray, out: StepOutputs) -> None:
+        for row, slot in enumerate(slots):
+            # A slot aborted (or replaced) during the step is skipped.
+            if slot is None or self._slots[row] is not slot:
+                continue
+            if slot.wants_prompt_logprobs and out.prompt_logprob is not None:
+                self._collect_prompt_logprobs(slot, row, fed[row], positions, out)
+            slot.cached += fed[row]
+            if slot.cached < len(slot.tokens):
+                continue
+            self._emit_token(row, slot, out)
+
+    def _collect_prompt_logprobs(
+        self, slot: Slot, row: int, n: int, positions: np.ndarray, out: StepOutputs
+    ) -> None:
+        entries = slot.prompt_entries
+        assert entries is not None and out.prompt_rank is not None and out.prompt_top_ids is not None
+        n_prompt, k = len(slot.request.prompt), slot.request.params.prompt_logprobs or 0
+        for t in range(n):
+            # Position p scores prompt token p + 1. Positions recomputed after a
+            # cache reset already have their entry and are skipped.
+            if positions[row, t] == len(entries) and positions[row, t] + 1 < n_prompt:
+                top = list(zip(out.prompt_top_ids[row, t, :k].tolist(), out.prompt_top_logprobs[row, t, :k].tolist()))
+                entries.append(PromptEntry(float(out.prompt_logprob[row, t]), int(out.prompt_rank[row, t]), top))
+        if slot.cached + n >= n_prompt:
+            slot.request.sink(PromptLogprobsEvent(slot.prompt_entries))
+            slot.prompt_entries = None
+
+    def _emit_token(self, row: int, slot: Slot, out: StepOutputs) -> None:
+        params = slot.request.params
+        token = int(out.token[row])
+        top = None
+        if params.logprobs and out.top_ids is not None and out.top_logprobs is not None:
+            k = params.logprobs
+            top = list(zip(out.top_ids[row, :k].tolist(), out.top_logprobs[row, :k].tolist()))
+        slot.tokens.append(token)
+        self.counters["generation_tokens"] += 1
+        slot.request.sink(TokenEvent(token, float(out.logprob[row]), top))
+        if token in params.stop_token_ids:
+            self._finish(row, FinishEvent("stop", token))
+        elif token in self.eos_token_ids and not params.ignore_eos:
+            self._finish(row, FinishEvent("stop"))
+        elif slot.generated >= params.max_tokens or len(slot.tokens) >= self.max_len:
+            self._finish(row, FinishEvent("length"))
+
+    def _finish(self, row: int, event: FinishEvent) -> None:
+        slot = self._slots[row]
+        self._slots[row] = None
+        self.counters["finished"] += 1
+        if slot is not None:
+            slot.request.sink(event)
+
+    def _finish_all(self, reason: FinishReason) -> None:
+        for row, slot in enumerate(self._slots):
+            if slot is not None:
+                self._finish(row, FinishEvent(reason))
+        while self._waiting:
+            self._waiting.popleft().sink(FinishEvent(reason))
+
+    def _fail_all(self, message: str) -> None:
+        with self._cond:
+            requests = [s.request for s in self._slots if s is not None] + list(self._waiting)
+            self._slots = [None] * len(self._slots)
+            self._waiting.clear()
+        for req in requests:
+            req.sink(ErrorEvent(message))
+
+
+def _committed(cache: Any) -> Any:
+    """Places a fresh cache on the device the way step outputs are placed; an
+    uncommitted input would make every step shape compile a second time."""
+    return jax.device_put(cache, jax.devices()[0])
+
+
+def _slot_count(cache: Any) -> int:
+    # KV caches are [layers, slots, max_len, heads, head_dim].
+    return cache.k.shape[1]

@@ -1,0 +1,119 @@
+"""Loads an HF checkpoint directory into a running `Engine`, and reloads
+weights into it from another directory of the same architecture."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+
+from legorl_jax.serve.engine import Engine
+from legorl_jax.serve.step import DeviceStep
+
+# Upper bound on the [slots, chunk, vocab] float32 logits of one prefill step;
+# the chunk shrinks to stay under it (DESIGN: never [B, T, V] for a whole batch).
+LOGITS_BUDGET_BYTES = 256 * 2**20
+
+
+class WeightsError(ValueError):
+    """A weights directory that cannot be served (missing, or another architecture)."""
+
+
+@dataclasses.dataclass
+class ServedModel:
+    """What the HTTP layer needs: the engine, the tokenizer and where weights came from."""
+
+    engine: Engine
+    tokenizer: Any
+    name: str
+    model_dir: Path
+    weights_path: Path
+    config: Any
+    graphdef: Any
+    dtype: str
+    _reload_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def reload(self, weights_path: str | Path) -> int:
+        """Loads weights from `weights_path` (an HF directory) and installs them.
+        Returns the new weight version. Serialised: one reload at a time."""
+        path = Path(weights_path)
+        with self._reload_lock:
+            graphdef, state, config = _load(path, self.dtype)
+            if config != self.config:
+                raise WeightsError(f"{path}: architecture differs from the served model; restart the engine for it")
+            if graphdef != self.graphdef:
+                raise WeightsError(f"{path}: parameter structure differs from the served model")
+            version = self.engine.swap_weights(state)
+            self.weights_path = path
+            return version
+
+
+def _load(path: Path, dtype: str) -> tuple[Any, Any, Any]:
+    if not (path / "config.json").is_file():
+        raise WeightsError(f"{path}: not an HF model directory (no config.json)")
+    from legorl_jax.models import CheckpointError, from_hf
+
+    try:
+        model = from_hf(path, dtype=dtype)
+    except (CheckpointError, OSError, KeyError, ValueError) as exc:
+        raise WeightsError(f"{path}: cannot load weights: {exc}") from exc
+    graphdef, state = nnx.split(model)
+    return graphdef, state, model.config
+
+
+def eos_token_ids(model_dir: Path, tokenizer: Any) -> frozenset[int]:
+    """EOS ids from generation_config.json (int or list), plus the tokenizer's."""
+    ids: set[int] = set()
+    gen = model_dir / "generation_config.json"
+    if gen.is_file():
+        value = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update([value] if isinstance(value, int) else value or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def max_chunk_for(slots: int, vocab: int, requested: int) -> int:
+    return max(1, min(requested, LOGITS_BUDGET_BYTES // (4 * slots * vocab)))
+
+
+def load_served_model(
+    model_dir: str | Path,
+    *,
+    max_slots: int = 32,
+    max_len: int = 4096,
+    max_chunk: int = 256,
+    dtype: str = "float32",
+    served_name: str | None = None,
+) -> ServedModel:
+    """Builds and starts the engine for an HF directory (weights + tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from legorl_jax.models import init_kv_cache
+
+    path = Path(model_dir)
+    graphdef, state, config = _load(path, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    engine = Engine(
+        DeviceStep(graphdef),
+        state,
+        lambda: init_kv_cache(config, max_slots, max_len),
+        max_len=max_len,
+        vocab_size=config.vocab_size,
+        eos_token_ids=eos_token_ids(path, tokenizer),
+        max_chunk=max_chunk_for(max_slots, config.vocab_size, max_chunk),
+    ).start()
+    return ServedModel(
+        engine=engine,
+        tokenizer=tokenizer,
+        name=served_name or str(model_dir),
+        model_dir=path,
+        weights_path=path,
+        config=config,
+        graphdef=graphdef,
+        dtype=dtype,
+    )

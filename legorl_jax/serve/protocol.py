@@ -1,0 +1,159 @@
+"""Request and response bodies of the engine's HTTP surface, in vLLM's shapes.
+
+Only the subset of vLLM's OpenAI-compatible protocol that the project calls is
+modelled. Unknown request fields are ignored (as vLLM does) so OpenAI SDK
+clients that send extra keys keep working; known fields are validated and a bad
+value becomes a vLLM-shaped 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# vLLM's default --max-logprobs; top-k alternatives are computed on device for this many.
+MAX_LOGPROBS = 20
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class CompletionRequest(_Lenient):
+    """`POST /v1/completions`. A prompt is text, a list of token ids, or a batch of either."""
+
+    model: str | None = None
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=64)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool | None = None
+    skip_special_tokens: bool = True
+    add_special_tokens: bool = True
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("top_k must be -1 (disable) or at least 1")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt must not be empty")
+        if isinstance(value, list) and any(isinstance(p, list) and not p for p in value):
+            raise ValueError("a token-id prompt must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _supported(self) -> CompletionRequest:
+        if self.echo:
+            raise ValueError("echo is not supported by this engine")
+        return self
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+
+class Message(_Lenient):
+    role: str
+    content: Any = None
+    model_config = ConfigDict(extra="allow")
+
+
+class TokenizeRequest(_Lenient):
+    """`POST /tokenize`: either `prompt` (text) or `messages` (rendered with the chat template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of `prompt` or `messages`")
+        if self.add_generation_prompt and self.continue_final_message and self.messages is not None:
+            raise ValueError("add_generation_prompt and continue_final_message are mutually exclusive")
+        return self
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = None
+    tokens: list[int]
+
+
+class CollectiveRpcRequest(_Lenient):
+    method: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    timeout: float | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy completions logprobs block, as vLLM fills it."""
+
+    text_offset: list[int] = []
+    token_logprobs: list[float | None] = []
+    tokens: list[str] = []
+    top_logprobs: list[dict[str, float] | None] = []
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str = Field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+def error_body(message: str, err_type: str = "BadRequestError", code: int = 400, param: str | None = None) -> dict:
+    """vLLM's error shape: `{"error": {"message", "type", "param", "code"}}`."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}

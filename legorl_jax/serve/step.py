@@ -1,0 +1,113 @@
+"""The engine's one device program: run a chunk of tokens for every slot through
+the model's KV-cache decode, then sample the next token of each slot.
+
+Chunked prefill and decode are the same call: a slot still reading its prompt
+contributes up to C tokens, a decoding slot contributes one, and the rest of the
+row is padding (position -1). Shapes depend only on (slots, chunk, cache
+length), so a handful of chunk buckets means a handful of compilations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from legorl_jax.serve.protocol import MAX_LOGPROBS
+from legorl_jax.serve.sampling import sample, target_logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInputs:
+    """Host-side arrays of one step over the leading S cache rows; chunk C."""
+
+    tokens: np.ndarray  # i32[S, C]
+    positions: np.ndarray  # i32[S, C], -1 = padding
+    last: np.ndarray  # i32[S], chunk index whose logits are sampled from
+    targets: np.ndarray  # i32[S, C], next prompt token per position (-1: none)
+    temperature: np.ndarray  # f32[S]
+    top_k: np.ndarray  # i32[S]
+    top_p: np.ndarray  # f32[S]
+    seeds: np.ndarray  # u32[S]
+    counters: np.ndarray  # i32[S], index of the token being sampled in its request
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutputs:
+    token: np.ndarray  # i32[S]
+    logprob: np.ndarray  # f32[S]
+    top_ids: np.ndarray | None  # i32[S, MAX_LOGPROBS]
+    top_logprobs: np.ndarray | None  # f32[S, MAX_LOGPROBS]
+    prompt_logprob: np.ndarray | None  # f32[S, C]
+    prompt_rank: np.ndarray | None  # i32[S, C]
+    prompt_top_ids: np.ndarray | None  # i32[S, C, MAX_LOGPROBS]
+    prompt_top_logprobs: np.ndarray | None  # f32[S, C, MAX_LOGPROBS]
+
+
+def _device_step(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    cache: Any,
+    inputs: dict[str, jax.Array],
+    want_top: bool,
+    want_prompt: bool,
+) -> tuple[Any, dict[str, jax.Array]]:
+    model = nnx.merge(graphdef, state)
+    rows = inputs["tokens"].shape[0]
+    if rows == cache.k.shape[1]:
+        logits, cache = model.decode(inputs["tokens"], inputs["positions"], cache)
+    else:
+        # Run on the leading rows only; cache arrays are [layers, rows, ...].
+        lead = jax.tree.map(lambda a: a[:, :rows], cache)
+        logits, lead = model.decode(inputs["tokens"], inputs["positions"], lead)
+        cache = jax.tree.map(lambda a, b: a.at[:, :rows].set(b), cache, lead)
+    last_logits = jnp.take_along_axis(logits, inputs["last"][:, None, None], axis=1)[:, 0]
+    token, logprob, logprobs = sample(
+        last_logits,
+        inputs["temperature"],
+        inputs["top_k"],
+        inputs["top_p"],
+        inputs["seeds"],
+        inputs["counters"],
+    )
+    out = {"token": token, "logprob": logprob}
+    if want_top:
+        out["top_logprobs"], out["top_ids"] = jax.lax.top_k(logprobs, MAX_LOGPROBS)
+    if want_prompt:
+        prompt = target_logprobs(logits, inputs["targets"], inputs["temperature"], MAX_LOGPROBS)
+        out["prompt_logprob"], out["prompt_rank"], out["prompt_top_logprobs"], out["prompt_top_ids"] = prompt
+    return cache, out
+
+
+class DeviceStep:
+    """Compiled engine step for one model graph. Weights (`state`) are an
+    argument, so a reload with the same architecture reuses the compilation."""
+
+    def __init__(self, graphdef: nnx.GraphDef) -> None:
+        self._graphdef = graphdef
+        # The cache is donated: it is rewritten every step and never read again.
+        self._jitted = jax.jit(
+            _device_step, static_argnums=(0, 4, 5), donate_argnums=(2,)
+        )
+
+    def __call__(
+        self, state: nnx.State, cache: Any, inputs: StepInputs, want_top: bool, want_prompt: bool
+    ) -> tuple[Any, StepOutputs]:
+        arrays = {f.name: jnp.asarray(getattr(inputs, f.name)) for f in dataclasses.fields(inputs)}
+        cache, out = self._jitted(self._graphdef, state, cache, arrays, want_top, want_prompt)
+        # One device->host transfer per step for the whole batch.
+        host = jax.device_get(out)
+        return cache, StepOutputs(
+            token=host["token"],
+            logprob=host["logprob"],
+            top_ids=host.get("top_ids"),
+            top_logprobs=host.get("top_logprobs"),
+            prompt_logprob=host.get("prompt_logprob"),
+            prompt_rank=host.get("prompt_rank"),
+            prompt_top_ids=host.get("prompt_top_ids"),
+            prompt_top_logprobs=host.get("prompt_top_logprobs"),
+        )

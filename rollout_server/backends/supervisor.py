@@ -1,0 +1,184 @@
+"""Runs an inference-server process, waits for its /health, and restarts it
+when it dies. Used for `vllm serve` on GPU hosts and `legorl serve` on CPUs.
+
+The process gets its own session (process group) because vLLM forks engine and
+worker processes: stopping must take the whole group down, not just the parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+State = Literal["stopped", "starting", "healthy", "restarting", "failed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to (re)start one engine process."""
+
+    command: list[str]
+    env: dict[str, str]
+    url: str
+    reload_method: str
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux for SIGTERM when the supervising process dies, even by
+    SIGKILL, so an engine never outlives the trainer or server that started it."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+class EngineStartError(RuntimeError):
+    """The engine process exited, or never became healthy."""
+
+
+class ProcessSupervisor:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        *,
+        log_path: Path | None = None,
+        health_timeout: float = 900.0,
+        max_restarts: int = 3,
+    ) -> None:
+        self.plan = plan
+        self.log_path = log_path
+        self.health_timeout = health_timeout
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.state: State = "stopped"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tail: deque[str] = deque(maxlen=40)
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def start(self) -> None:
+        """Starts the process and blocks until /health answers 200."""
+        self._stopping.clear()
+        self.state = "starting"
+        self._spawn()
+        self._wait_healthy()
+        self.state = "healthy"
+        self._watcher = threading.Thread(target=self._watch, name="engine-supervisor", daemon=True)
+        self._watcher.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stopping.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._signal_group(proc, signal.SIGKILL)
+                proc.wait(timeout)
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout)
+        self.state = "stopped"
+
+    def output_tail(self) -> str:
+        return "".join(self._tail)
+
+    # ----- internals ---------------------------------------------------------
+    @staticmethod
+    def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _spawn(self) -> None:
+        log.info("starting engine: %s", " ".join(self.plan.command))
+        self._proc = subprocess.Popen(
+            self.plan.command,
+            env={**os.environ, **self.plan.env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        threading.Thread(target=self._pump, args=(self._proc,), name="engine-log", daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        sink = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115
+        try:
+            for raw in proc.stdout:
+                self._tail.append(raw.decode("utf-8", "replace"))
+                if sink is not None:
+                    sink.write(raw)
+                    sink.flush()
+        finally:
+            if sink is not None:
+                sink.close()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.health_timeout
+        with httpx.Client(timeout=5.0) as http:
+            while True:
+                proc = self._proc
+                if proc is None or proc.poll() is not None:
+                    code = None if proc is None else proc.returncode
+                    raise EngineStartError(
+                        f"engine exited with code {code} before becoming healthy; last output:\n{self.output_tail()}"
+                    )
+                try:
+                    if http.get(f"{self.plan.url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if self._stopping.is_set():
+                    raise EngineStartError("stopped while starting")
+                if time.monotonic() > deadline:
+                    raise EngineStartError(f"engine not healthy after {self.health_timeout:.0f}s")
+                time.sleep(0.25)
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            proc = self._proc
+            assert proc is not None
+            code = proc.wait()
+            if self._stopping.is_set():
+                return
+            if self.restarts >= self.max_restarts:
+                log.error("engine exited with %s; restart budget (%d) spent", code, self.max_restarts)
+                self.state = "failed"
+                return
+            self.restarts += 1
+            self.state = "restarting"
+            log.warning("engine exited with %s; restart %d/%d", code, self.restarts, self.max_restarts)
+            try:
+                self._spawn()
+                self._wait_healthy()
+                self.state = "healthy"
+            except EngineStartError as exc:
+                if self._stopping.is_set():
+                    return
+                log.error("engine restart failed: %s", exc)
+                # A hung (never healthy) process is killed; the loop then counts it as the next crash.
+                if self._proc is not None and self._proc.poll() is None:
+                    self._signal_group(self._proc, signal.SIGKILL)

@@ -1,0 +1,94 @@
+"""Admin API for standalone use: create sessions, read trajectories, delete.
+
+`POST /admin/sessions` (Bearer admin token; body: a `SessionSpec`, plus an
+optional `key`) answers `{"key", "urls"}` with each URL exactly what that
+dialect's SDK or CLI takes as its base URL (OpenAI's ends in `/v1`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from rollout_server.proxy.service import ProxyCore
+from rollout_server.proxy.session import Session, SessionSpec
+
+
+# Keys travel in URL paths and headers.
+_KEY = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def _problem(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def session_urls(base_url: str, key: str) -> dict[str, str]:
+    root = f"{base_url.rstrip('/')}/s/{key}"
+    return {"anthropic": root, "openai": f"{root}/v1", "gemini": root}
+
+
+def trajectory_json(session: Session) -> dict[str, Any]:
+    return {"key": session.key, "labels": session.spec.labels, "policy_version": session.spec.policy_version,
+            **session.trajectory.to_json()}
+
+
+def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
+    """No routes at all without an admin token: nothing to guess at."""
+    if not admin_token:
+        return []
+
+    def authorized(request: Request) -> bool:
+        auth = request.headers.get("authorization", "")
+        return auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip(), admin_token)
+
+    async def create(request: Request) -> Response:
+        if not authorized(request):
+            return _problem(401, "admin token required (Authorization: Bearer <token>)")
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _problem(400, f"request body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return _problem(400, "request body must be a JSON object")
+        key = body.pop("key", None)
+        if key is not None and (not isinstance(key, str) or not _KEY.fullmatch(key)):
+            return _problem(400, "key: expected a non-empty string of letters, digits, '-' and '_'")
+        try:
+            spec = SessionSpec.model_validate(body)
+        except ValidationError as exc:
+            return _problem(400, f"invalid session spec: {exc}")
+        try:
+            session = core.store.create(spec, key)
+        except ValueError as exc:
+            return _problem(409, str(exc))
+        return JSONResponse({"key": session.key, "urls": session_urls(str(request.base_url), session.key)},
+                            status_code=201)
+
+    async def trajectory(request: Request) -> Response:
+        if not authorized(request):
+            return _problem(401, "admin token required (Authorization: Bearer <token>)")
+        session = core.store.get(request.path_params["key"])
+        if session is None:
+            return _problem(404, "no such session")
+        return JSONResponse(trajectory_json(session))
+
+    async def delete(request: Request) -> Response:
+        if not authorized(request):
+            return _problem(401, "admin token required (Authorization: Bearer <token>)")
+        session = core.store.delete(request.path_params["key"])
+        if session is None:
+            return _problem(404, "no such session")
+        return JSONResponse(trajectory_json(session))
+
+    return [
+        Route("/admin/sessions", create, methods=["POST"]),
+        Route("/admin/sessions/{key}/trajectory", trajectory, methods=["GET"]),
+        Route("/admin/sessions/{key}", delete, methods=["DELETE"]),
+    ]

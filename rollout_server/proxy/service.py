@@ -1,0 +1,145 @@
+"""One model call, dialect-neutral: caps, prompt ids (with sampled turns
+reused), the engine call under the trainer's sampling, completion parsing,
+and the record in the session's trajectory."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from legorl_jax.config import ProxyConfig
+
+from rollout_server.proxy.completion_parser import ToolCallFormat, parse_completion
+from rollout_server.proxy.conversation import AssistantOutput, ChatRequest
+from rollout_server.proxy.engine_client import EngineClient, SamplingParams
+from rollout_server.proxy.errors import ProxyError
+from rollout_server.proxy.render import ChatTemplate, Prompt, SampledTurn
+from rollout_server.proxy.session import Session, SessionCaps, SessionStore
+from rollout_server.proxy.trajectory import CallRecord
+
+
+@dataclass
+class PreparedCall:
+    session: Session
+    request: ChatRequest
+    dialect: str
+    id_prefix: str
+    prompt: Prompt
+    sampling: SamplingParams
+    started: float
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    output: AssistantOutput
+    finish_reason: str  # "stop" | "length" (tool calls are read off `output`)
+    prompt_tokens: int
+    completion_tokens: int
+    call_index: int
+
+
+class ProxyCore:
+    def __init__(self, template: ChatTemplate, engine: EngineClient, store: SessionStore, *,
+                 max_context: int, tool_call_format: ToolCallFormat = "hermes") -> None:
+        self.template = template
+        self.engine = engine
+        self.store = store
+        self.max_context = max_context
+        self.tool_call_format: ToolCallFormat = tool_call_format
+
+    def _thinking(self, session: Session, request: ChatRequest) -> bool:
+        if session.spec.enable_thinking is not None:
+            return session.spec.enable_thinking
+        return True if request.enable_thinking is None else request.enable_thinking
+
+    def count_tokens(self, session: Session, request: ChatRequest) -> int:
+        matched = session.match_turns(request.messages)
+        return len(self.template.render(request, matched, self._thinking(session, request)).ids)
+
+    def prepare(self, session: Session, request: ChatRequest, dialect: str, id_prefix: str) -> PreparedCall:
+        """Everything that can refuse a call, before any byte goes back to the
+        harness, so refusals are plain HTTP errors in the dialect's shape."""
+        started = time.perf_counter()
+        session.check_caps()
+        matched = session.match_turns(request.messages)
+        prompt = self.template.render(request, matched, self._thinking(session, request))
+        room = self.max_context - len(prompt.ids)
+        if room < 1:
+            raise ProxyError(
+                "prompt_too_long", f"prompt is too long: {len(prompt.ids)} tokens > {self.max_context - 1} maximum",
+                prompt_tokens=len(prompt.ids), max_context=self.max_context,
+            )
+        cfg = session.spec.sampling
+        asked = request.max_tokens if request.max_tokens and request.max_tokens > 0 else cfg.max_tokens
+        sampling = SamplingParams(
+            temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+            max_tokens=min(asked, cfg.max_tokens, room),
+            stop_token_ids=(self.template.turn_end_id,),
+        )
+        session.calls_started += 1
+        return PreparedCall(session, request, dialect, id_prefix, prompt, sampling, started)
+
+    async def execute(self, call: PreparedCall) -> TurnResult:
+        """The engine call and its record. Runs to the end even when the
+        harness hangs up mid-stream, so capture never stops (PITFALLS 5)."""
+        session = call.session
+        engine_start = time.perf_counter()
+        completion = await self.engine.complete(call.prompt.ids, call.sampling)
+        engine_latency = time.perf_counter() - engine_start
+        ids = list(completion.token_ids)
+        end_id = self.template.turn_end_id
+        body = ids[:-1] if ids and ids[-1] == end_id else ids
+        closing = [] if ids and ids[-1] == end_id else [end_id]
+        output = parse_completion(
+            self.template.decode(body), self.tool_call_format, call.request.tools,
+            lambda: call.id_prefix + secrets.token_hex(12),
+        )
+        # No await from here on: the record is atomic with respect to the
+        # session's other calls on this event loop.
+        version = session.spec.policy_version
+        seq, merged = session.trajectory.place(
+            call.prompt.ids, call.request.root_key(), has_tools=bool(call.request.tools),
+            has_history=any(m.role == "assistant" for m in call.request.messages), policy_version=version,
+        )
+        seq.extend(ids, [1] * len(ids), completion.logprobs)
+        seq.extend(closing, [0] * len(closing), [0.0] * len(closing))
+        tail = call.prompt.gen_tail
+        session.add_turn(SampledTurn(
+            len(session.turns), tuple(tail + ids + closing),
+            tuple([0] * len(tail) + [1] * len(ids) + [0] * len(closing)),
+            tuple([0.0] * len(tail) + list(completion.logprobs) + [0.0] * len(closing)), output,
+        ))
+        index = len(session.trajectory.calls)
+        seq.calls.append(index)
+        session.trajectory.calls.append(CallRecord(
+            index=index, dialect=call.dialect, stream=call.request.stream, sequence=seq.index,
+            merged=merged,
+            prompt_tokens=len(call.prompt.ids), completion_tokens=len(ids),
+            finish_reason=completion.finish_reason, tool_calls=len(output.tool_calls),
+            parse_error=output.parse_error, reused_turns=call.prompt.reused_turns,
+            unmatched_turns=call.prompt.unmatched_turns, sampling=asdict(call.sampling),
+            policy_version=version, engine_latency_s=engine_latency,
+        ))
+        return TurnResult(output, completion.finish_reason, len(call.prompt.ids), len(ids), index)
+
+    def finish(self, call: PreparedCall, result: TurnResult) -> None:
+        """Stamps the end-to-end latency once the answer is rendered."""
+        call.session.trajectory.calls[result.call_index].latency_s = time.perf_counter() - call.started
+
+
+def build_core(model_dir: str | Path, engine_url: str, *, served_model: str, max_context: int,
+               config: ProxyConfig | None = None) -> ProxyCore:
+    """A proxy core for the model in `model_dir` (its tokenizer and chat
+    template) in front of the engine at `engine_url`, with the config's caps
+    as every session's default."""
+    from transformers import AutoTokenizer
+
+    cfg = config or ProxyConfig()
+    # A local directory only: the proxy never fetches from a model hub.
+    template = ChatTemplate(AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True))
+    store = SessionStore(SessionCaps(max_model_calls=cfg.max_model_calls, max_total_tokens=cfg.max_total_tokens,
+                                     max_wall_s=cfg.max_wall_s))
+    return ProxyCore(template, EngineClient(engine_url, served_model), store, max_context=max_context,
+                     tool_call_format=cfg.tool_call_format)

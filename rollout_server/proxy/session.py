@@ -1,0 +1,119 @@
+"""Sessions: one per trial. The key is the harness's API key and URL prefix;
+a session holds the trainer's sampling, its caps, the sampled turns (for
+message-level matching) and the trajectory being assembled."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from legorl_jax.config import SamplingConfig
+from rollout_server.proxy.conversation import Message, fingerprint
+from rollout_server.proxy.errors import ProxyError
+from rollout_server.proxy.render import SampledTurn
+from rollout_server.proxy.trajectory import Trajectory
+
+
+class SessionCaps(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_model_calls: int = Field(
+        50, gt=0, description="Model calls (engine calls started) before the session refuses more."
+    )
+    max_total_tokens: int = Field(65536, gt=0, description="Cap on the assembled sequences' total length.")
+    max_wall_s: float = Field(1800.0, gt=0, description="Seconds from creation after which calls are refused.")
+
+
+class SessionSpec(BaseModel):
+    """What the trainer (or the admin API) decides for a session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sampling: SamplingConfig = SamplingConfig()
+    caps: SessionCaps | None = Field(None, description="None takes the proxy's configured caps.")
+    labels: dict[str, str] = Field({}, description="Free-form tags echoed in the trajectory (task, harness, ...).")
+    policy_version: int = Field(0, ge=0, description="Weights version the engine serves for this session.")
+    enable_thinking: bool | None = Field(
+        None, description="Chat-template thinking flag; None follows the harness's request (on when it is silent)."
+    )
+
+
+@dataclass
+class Session:
+    key: str
+    spec: SessionSpec
+    created: float = field(default_factory=time.monotonic)
+    trajectory: Trajectory = field(default_factory=Trajectory)
+    turns: list[SampledTurn] = field(default_factory=list)
+    calls_started: int = 0
+    _by_call_id: dict[str, SampledTurn] = field(default_factory=dict)
+    _by_fingerprint: dict[str, list[SampledTurn]] = field(default_factory=dict)
+
+    def add_turn(self, turn: SampledTurn) -> None:
+        self.turns.append(turn)
+        for call in turn.output.tool_calls:
+            self._by_call_id[call.id] = turn
+        self._by_fingerprint.setdefault(fingerprint(turn.output.content, turn.output.tool_calls), []).append(turn)
+
+    def match_turns(self, messages: list[Message]) -> dict[int, SampledTurn]:
+        """Assistant messages (by position) matched to the turns that produced
+        them: by tool-call id first, else by content and parsed arguments.
+        Matches keep their order, so a repeated answer maps to the right turn."""
+        matched: dict[int, SampledTurn] = {}
+        floor = -1
+        for i, message in enumerate(messages):
+            if message.role != "assistant":
+                continue
+            turn = next((self._by_call_id[c.id] for c in message.tool_calls if c.id in self._by_call_id), None)
+            if turn is None or turn.index <= floor:
+                candidates = self._by_fingerprint.get(fingerprint(message.content, message.tool_calls), [])
+                turn = next((t for t in candidates if t.index > floor), None)
+            if turn is not None:
+                matched[i] = turn
+                floor = turn.index
+        return matched
+
+    def check_caps(self) -> None:
+        """Refuses a new call once a cap is reached, and marks the trajectory."""
+        caps = self.spec.caps
+        assert caps is not None, "SessionStore.create fills in the caps"
+        hit = None
+        if self.calls_started >= caps.max_model_calls:
+            hit = f"max_model_calls ({caps.max_model_calls})"
+        elif self.trajectory.total_tokens >= caps.max_total_tokens:
+            hit = f"max_total_tokens ({caps.max_total_tokens})"
+        elif time.monotonic() - self.created >= caps.max_wall_s:
+            hit = f"max_wall_s ({caps.max_wall_s})"
+        if hit is not None:
+            self.trajectory.cap_hit = self.trajectory.cap_hit or hit
+            raise ProxyError("cap_exceeded", f"session limit reached: {hit}")
+
+
+class SessionStore:
+    """All live sessions of one proxy; the rollout server shares it in-process."""
+
+    def __init__(self, default_caps: SessionCaps | None = None) -> None:
+        self.default_caps = default_caps or SessionCaps()
+        self._sessions: dict[str, Session] = {}
+
+    def create(self, spec: SessionSpec, key: str | None = None) -> Session:
+        key = key or "lr-" + secrets.token_urlsafe(24)
+        if key in self._sessions:
+            raise ValueError(f"session {key!r} already exists")
+        if spec.caps is None:
+            spec = spec.model_copy(update={"caps": self.default_caps})
+        session = Session(key, spec)
+        self._sessions[key] = session
+        return session
+
+    def get(self, key: str | None) -> Session | None:
+        return self._sessions.get(key) if key else None
+
+    def delete(self, key: str) -> Session | None:
+        return self._sessions.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._sessions)

@@ -1,0 +1,147 @@
+"""Trajectory assembly: model calls -> token sequences the trainer consumes.
+
+A call whose prompt extends an existing sequence (its prompt + completion)
+token-exactly is appended to it: the new prompt ids with loss mask 0, the
+sampled ids with mask 1 and their behaviour logprobs. Any other call starts a
+new sequence, for one of these reasons: `first_call`, `side_call` (another
+system prompt or tool set: title generation, sub-agents; flagged so the
+trainer can include or exclude it), `restart` (the same conversation asked
+again from scratch) or `history_rewritten`.
+
+The main conversation is the first one that offered tools (else the first
+one): harnesses such as OpenCode ask for a title before the real work starts,
+so reasons and side flags are read off the whole trajectory, not fixed when
+a sequence opens.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Sequence:
+    index: int
+    root_key: str
+    has_tools: bool
+    has_history: bool  # the opening call carried earlier assistant turns
+    policy_version: int
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    behavior_logprobs: list[float] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+
+    def extend(self, ids: list[int] | tuple[int, ...], mask: list[int] | tuple[int, ...],
+               logprobs: list[float] | tuple[float, ...]) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend(mask)
+        self.behavior_logprobs.extend(logprobs)
+
+
+
+@dataclass
+class CallRecord:
+    index: int
+    dialect: str
+    stream: bool
+    sequence: int
+    merged: bool
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    tool_calls: int
+    parse_error: str | None
+    reused_turns: int
+    unmatched_turns: int
+    sampling: dict[str, Any]
+    policy_version: int
+    engine_latency_s: float
+    latency_s: float = 0.0  # filled in once the answer is rendered
+
+
+@dataclass
+class Trajectory:
+    sequences: list[Sequence] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
+    cap_hit: str | None = None  # the first session cap the harness ran into
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.sequences)
+
+    def _extendable(self, prompt: list[int]) -> Sequence | None:
+        for seq in reversed(self.sequences):
+            n = len(seq.token_ids)
+            if n <= len(prompt) and prompt[:n] == seq.token_ids:
+                return seq
+        return None
+
+    def _main_key(self) -> str | None:
+        main = next((s for s in self.sequences if s.has_tools), self.sequences[0] if self.sequences else None)
+        return main.root_key if main else None
+
+    def is_side(self, seq: Sequence) -> bool:
+        return seq.root_key != self._main_key()
+
+    def root_reason(self, seq: Sequence) -> str:
+        main = self._main_key()
+        if seq.root_key != main:
+            return "side_call"
+        if seq is next(s for s in self.sequences if s.root_key == main):
+            return "first_call"
+        return "history_rewritten" if seq.has_history else "restart"
+
+    def place(self, prompt: list[int], root_key: str, *, has_tools: bool, has_history: bool,
+              policy_version: int) -> tuple[Sequence, bool]:
+        """The sequence a call with this prompt belongs to (opened if none
+        extends), with its prompt ids appended; and whether it merged."""
+        seq = self._extendable(prompt)
+        if seq is not None:
+            seq.extend(prompt[len(seq.token_ids):], [0] * (len(prompt) - len(seq.token_ids)),
+                       [0.0] * (len(prompt) - len(seq.token_ids)))
+            seq.policy_version = min(seq.policy_version, policy_version)
+            return seq, True
+        seq = Sequence(len(self.sequences), root_key, has_tools, has_history, policy_version)
+        seq.extend(prompt, [0] * len(prompt), [0.0] * len(prompt))
+        self.sequences.append(seq)
+        return seq, False
+
+    def _sequence_json(self, seq: Sequence) -> dict[str, Any]:
+        out = asdict(seq)
+        del out["root_key"], out["has_tools"], out["has_history"]
+        return {**out, "root_reason": self.root_reason(seq), "side": self.is_side(seq)}
+
+    def _call_json(self, call: CallRecord) -> dict[str, Any]:
+        seq = self.sequences[call.sequence]
+        return {**asdict(call), "root_reason": None if call.merged else self.root_reason(seq),
+                "side": self.is_side(seq)}
+
+    def metrics(self) -> dict[str, Any]:
+        calls = len(self.calls)
+        merged = sum(c.merged for c in self.calls)
+        latencies = [c.latency_s for c in self.calls]
+        return {
+            "model_calls": calls,
+            "merged_calls": merged,
+            "merged_ratio": merged / calls if calls else 0.0,
+            "sequences": len(self.sequences),
+            "new_roots": dict(Counter(self.root_reason(s) for s in self.sequences)),
+            "side_calls": sum(self.is_side(self.sequences[c.sequence]) for c in self.calls),
+            "tool_calls": sum(c.tool_calls for c in self.calls),
+            "parse_errors": sum(c.parse_error is not None for c in self.calls),
+            "prompt_tokens": sum(c.prompt_tokens for c in self.calls),
+            "completion_tokens": sum(c.completion_tokens for c in self.calls),
+            "sequence_tokens": self.total_tokens,
+            "latency_s_mean": sum(latencies) / calls if calls else 0.0,
+            "latency_s_max": max(latencies, default=0.0),
+            "cap_hit": self.cap_hit,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sequences": [self._sequence_json(s) for s in self.sequences],
+            "calls": [self._call_json(c) for c in self.calls],
+            "metrics": self.metrics(),
+        }

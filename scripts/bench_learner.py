@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Learner benchmark: GRPO step time vs a plain forward+backward, and MFU.
+
+Everything is measured in one process on one set of devices:
+- the dense matmul rate of this machine in the compute dtype (the MFU peak);
+- a plain forward+backward (mean token NLL through the same chunked logprobs)
+  of the model on the packed batch — the baseline;
+- the full GRPO step (`Learner.train_step`: packing, host→device, loss with
+  TIS/MIS, gradient accumulation, clip + AdamW) on the same batch.
+
+Model FLOPs follow PaLM's convention: 6·N per token for the matmul parameters
+(including the LM head) plus 12·L·H·Dh·T for attention. A JSON report (hardware,
+mesh, tokens/s, MFU, step-time split) goes to stdout and to --out.
+
+    .venv/bin/python scripts/bench_learner.py --size 100m --seq-len 1024
+    .venv/bin/python scripts/bench_learner.py --size small --dtype bfloat16 --out bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from legorl_jax.config import LearnerConfig, MeshConfig, RLConfig
+from legorl_jax.models import CausalLM, ModelConfig, batch_sharding, token_logprobs
+from legorl_jax.rl.batching import TrainSequence
+from legorl_jax.train.sharding import learner_mesh, put_batch
+from legorl_jax.train.step import Learner
+
+SIZES: dict[str, dict[str, int]] = {
+    # ~101M parameters (25M of them the tied embedding), Qwen3 layout.
+    "100m": dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_layers=12, num_heads=12,
+                 num_kv_heads=4, head_dim=64),
+    # ~7M parameters: for slow or shared CPUs.
+    "small": dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_layers=6, num_heads=4,
+                  num_kv_heads=2, head_dim=64),
+}
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Best wall seconds of each function over `repeats` rounds, after one warm-up
+    (compilation) call each. Rounds interleave the functions so that load from
+    other processes on a shared machine hits all of them alike."""
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def matmul(dtype: str, n: int) -> Callable[[], jax.Array]:
+    """An n×n×n matmul in `dtype` (2·n³ FLOPs): the machine's peak reference."""
+    key = jax.random.key(0)
+    a = jax.random.normal(key, (n, n), dtype)
+    b = jax.random.normal(jax.random.fold_in(key, 1), (n, n), dtype)
+    f = jax.jit(lambda x, y: x @ y)
+    return lambda: f(a, b)
+
+
+def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    d, layers = cfg.hidden_size, cfg.num_layers
+    attn = d * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+    mlp = 3 * d * cfg.intermediate_size
+    matmul_params = layers * (attn + mlp) + cfg.vocab_size * d
+    return 6 * matmul_params + 12 * layers * cfg.num_heads * cfg.head_dim * seq_len
+
+
+def synthetic_step(rows: int, seq_len: int, vocab: int, per_row: int, seed: int = 0) -> list[TrainSequence]:
+    """Rows filled exactly by `per_row` sequences each: a quarter prompt, the rest sampled."""
+    rng = np.random.default_rng(seed)
+    length = seq_len // per_row
+    seqs = []
+    for i in range(rows * per_row):
+        mask = np.arange(length) >= length // 4
+        behav = np.where(mask, -np.log(vocab) + rng.normal(0, 0.1, length), 0.0).astype(np.float32)
+        seqs.append(TrainSequence(rng.integers(0, vocab, length).astype(np.int32), mask, behav, float(i % 2 * 2 - 1)))
+    return seqs
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    mesh = learner_mesh(MeshConfig(fsdp=-1, tensor=args.tensor))
+    cfg = ModelConfig(architecture="qwen3", qk_norm=True, tie_word_embeddings=True, param_dtype="float32",
+                      compute_dtype=args.dtype, remat=args.remat, **SIZES[args.size])
+    model = CausalLM(cfg, rngs=nnx.Rngs(0))
+    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    tokens_per_step = args.rows * args.seq_len
+    learner_cfg = LearnerConfig(micro_batch_tokens=tokens_per_step, length_buckets=[args.seq_len],
+                                logprob_chunk_size=args.chunk)
+    learner = Learner(model, RLConfig(), learner_cfg, mesh)
+    del model
+    seqs = synthetic_step(args.rows, args.seq_len, cfg.vocab_size, args.per_row)
+    packed = learner.pack(seqs)
+    assert len(packed.micro_batches) == 1, "benchmark expects one micro-batch per step"
+
+    # Baseline: the same model, batch, shardings and chunked logprobs; loss = mean NLL.
+    mb = packed.micro_batches[0]
+    batch = put_batch({"tokens": mb.tokens, "positions": mb.positions, "segment_ids": mb.segment_ids}, mesh)
+
+    def nll(params: dict, b: dict) -> jax.Array:
+        m = nnx.merge(learner.graphdef, params)
+        lp = token_logprobs(m, b["tokens"], positions=b["positions"], segment_ids=b["segment_ids"],
+                            chunk_size=args.chunk)
+        return -jnp.mean(lp)
+
+    batch_sh = {k: batch_sharding(mesh) for k in batch}
+    fwd_bwd = jax.jit(jax.value_and_grad(nll), in_shardings=(learner.param_sh, batch_sh),
+                      out_shardings=(None, learner.param_sh))
+    t = interleaved(
+        {
+            "matmul": matmul(args.dtype, args.matmul_n),
+            "baseline": lambda: fwd_bwd(learner.params, batch),
+            "grpo_step": lambda: learner.train_step(learner.pack(seqs)),
+            "pack": lambda: learner.pack(seqs),
+            "host_to_device": lambda: learner._device_batch(mb),
+            "accumulate": lambda: learner.accumulate(packed)[0],
+        },
+        args.repeats,
+    )
+    peak = 2 * args.matmul_n**3 / t["matmul"]
+    flops = model_flops_per_token(cfg, args.seq_len) * tokens_per_step
+    step_s, base_s = t["grpo_step"], t["baseline"]
+    return {
+        "hardware": {
+            "platform": jax.devices()[0].platform,
+            "device_kind": jax.devices()[0].device_kind,
+            "devices": jax.device_count(),
+            "processes": jax.process_count(),
+            "host_cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "jax": jax.__version__,
+        },
+        "mesh": dict(mesh.shape),
+        "model": {"size": args.size, "params": int(n_params), "dtype": args.dtype, "remat": args.remat},
+        "batch": {"rows": args.rows, "seq_len": args.seq_len, "tokens": tokens_per_step,
+                  "padding_frac": packed.stats["batch/padding_frac"]},
+        "matmul_peak_tflops": peak / 1e12,
+        "model_tflops_per_step": flops / 1e12,
+        "baseline_fwd_bwd_s": base_s,
+        "grpo_step_s": step_s,
+        "grpo_over_baseline": step_s / base_s,
+        "tokens_per_s": tokens_per_step / step_s,
+        "mfu": flops / step_s / peak,
+        "baseline_mfu": flops / base_s / peak,
+        "split_s": {
+            "pack": t["pack"],
+            "host_to_device": t["host_to_device"],
+            "accumulate": t["accumulate"],
+            "update_and_rest": max(step_s - t["accumulate"] - t["pack"], 0.0),
+        },
+        "repeats": args.repeats,
+        "timing": "best of the repeats, functions interleaved per round",
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="100m")
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--rows", type=int, default=1, help="Packed rows per step (tokens = rows × seq-len).")
+    parser.add_argument("--per-row", type=int, default=4, help="Sequences packed per row.")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--remat", choices=["none", "full", "dots_saveable"], default="none")
+    parser.add_argument("--tensor", type=int, default=1, help="Tensor-parallel mesh axis; fsdp takes the rest.")
+    parser.add_argument("--chunk", type=int, default=1024, help="Logprob chunk (tokens).")
+    parser.add_argument("--matmul-n", type=int, default=2048, help="Matmul size for the peak measurement.")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="", help="Also write the JSON report here.")
+    args = parser.parse_args()
+    if args.seq_len % args.per_row:
+        parser.error("--seq-len must be a multiple of --per-row")
+    report = run(args)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Fixtures: the demo tokenizer, a scripted test engine and the proxy, each
+served by uvicorn on a local port for the whole test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from legorl_jax.models.tokenizer import build_demo_tokenizer
+from rollout_server.proxy.app import build_app
+from rollout_server.proxy.engine_client import EngineClient
+from rollout_server.proxy.render import ChatTemplate
+from rollout_server.proxy.service import ProxyCore
+from rollout_server.proxy.session import SessionStore
+from .scripted_engine import ScriptedEngine, ServerThread
+
+ADMIN_TOKEN = "admin-test-token"
+MAX_CONTEXT = 4096
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return AutoTokenizer.from_pretrained(build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer")))
+
+
+@pytest.fixture(scope="session")
+def template(tokenizer: Any) -> ChatTemplate:
+    return ChatTemplate(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def _engine_server(tokenizer: Any) -> Iterator[tuple[ScriptedEngine, str]]:
+    engine = ScriptedEngine(tokenizer)
+    with ServerThread(engine.app) as server:
+        yield engine, server.url
+
+
+@pytest.fixture()
+def engine(_engine_server: tuple[ScriptedEngine, str]) -> ScriptedEngine:
+    engine, _ = _engine_server
+    engine.reset()
+    return engine
+
+
+@dataclass
+class Proxy:
+    url: str
+    core: ProxyCore
+
+    def new_session(self, **spec: Any) -> dict[str, Any]:
+        """Creates a session through the admin API: {"key", "urls"}."""
+        reply = httpx.post(f"{self.url}/admin/sessions", json=spec,
+                           headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert reply.status_code == 201, reply.text
+        return reply.json()
+
+    def trajectory(self, key: str) -> dict[str, Any]:
+        reply = httpx.get(f"{self.url}/admin/sessions/{key}/trajectory",
+                          headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+
+@pytest.fixture(scope="session")
+def _proxy_server(_engine_server: tuple[ScriptedEngine, str], template: ChatTemplate) -> Iterator[Proxy]:
+    _, engine_url = _engine_server
+    core = ProxyCore(template, EngineClient(engine_url, "scripted"), SessionStore(), max_context=MAX_CONTEXT)
+    with ServerThread(build_app(core, keepalive_s=0.2, admin_token=ADMIN_TOKEN)) as server:
+        yield Proxy(server.url, core)
+
+
+@pytest.fixture()
+def proxy(_proxy_server: Proxy, engine: ScriptedEngine) -> Proxy:
+    return _proxy_server

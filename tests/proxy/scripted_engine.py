@@ -1,0 +1,151 @@
+"""TEST INSTRUMENT: a scripted inference engine serving the engine surface
+(vLLM subset) the proxy calls. It answers `/v1/completions` with completions
+the test chose: the chosen text encoded by the real tokenizer, the turn-end
+token appended, and deterministic fake logprobs, so tests can assert that
+what the proxy captured is exactly what this engine emitted. It records every
+prompt it receives. Not a model and not product code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+
+def fake_logprob(position: int, token_id: int) -> float:
+    """Deterministic, distinct per position and id, always < 0."""
+    return -0.001 * (1 + position) - 0.0001 * (token_id % 97)
+
+
+@dataclass
+class Scripted:
+    text: str
+    finish: str = "stop"  # "length": no turn-end token, as when max_tokens cuts a completion
+
+
+@dataclass
+class EngineLog:
+    prompts: list[list[int]] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    replies: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ScriptedEngine:
+    """Replies pop from `script`; with it empty, `default` answers every call."""
+
+    def __init__(self, tokenizer: Any, default: str = "ok") -> None:
+        self.tokenizer = tokenizer
+        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.script: deque[Scripted] = deque()
+        self.default = Scripted(default)
+        self.log = EngineLog()
+        self.down = False  # answer 500, as an engine that is failing
+        self.token_id_strings = False  # omit token_ids; ids only as "token_id:<n>" logprob tokens
+        self.drop_logprob = False  # one logprob short: a reply that breaks the completions contract
+        self.delay_s = 0.0
+        # Given the decoded prompt, a reply that bypasses the script (None: use the script),
+        # for side calls whose timing the test does not control.
+        self.respond: Callable[[str], str | None] | None = None
+        self._lock = threading.Lock()
+        self.app = Starlette(routes=[
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/health", self._health, methods=["GET"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/tokenize", self._tokenize, methods=["POST"]),
+        ])
+
+    def push(self, *items: str | Scripted) -> None:
+        self.script.extend(Scripted(i) if isinstance(i, str) else i for i in items)
+
+    def reset(self) -> None:
+        self.script.clear()
+        self.log = EngineLog()
+        self.down = False
+        self.token_id_strings = False
+        self.drop_logprob = False
+        self.delay_s = 0.0
+        self.respond = None
+
+    def completion_ids(self, item: Scripted, max_tokens: int) -> list[int]:
+        ids = self.tokenizer.encode(item.text, add_special_tokens=False)
+        return (ids + [self.end_id] if item.finish == "stop" else ids)[:max_tokens]
+
+    async def _completions(self, request: Request) -> Response:
+        body = await request.json()
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.down:
+            return JSONResponse({"error": "scripted failure"}, status_code=500)
+        override = self.respond(self.tokenizer.decode(body["prompt"])) if self.respond else None
+        with self._lock:
+            if override is not None:
+                item = Scripted(override)
+            else:
+                item = self.script.popleft() if self.script else self.default
+        ids = self.completion_ids(item, int(body["max_tokens"]))
+        finish = "stop" if ids and ids[-1] == self.end_id else "length"
+        logprobs = [fake_logprob(i, t) for i, t in enumerate(ids)]
+        choice: dict[str, Any] = {
+            "index": 0, "text": self.tokenizer.decode(ids), "finish_reason": finish,
+            "logprobs": {"tokens": [f"token_id:{t}" for t in ids],
+                         "token_logprobs": logprobs[1:] if self.drop_logprob else logprobs,
+                         "top_logprobs": None, "text_offset": None},
+        }
+        if not self.token_id_strings:
+            choice["token_ids"] = ids
+        reply = {"id": "cmpl-scripted", "object": "text_completion", "created": int(time.time()),
+                 "model": body.get("model"), "choices": [choice],
+                 "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)}}
+        self.log.prompts.append(list(body["prompt"]))
+        self.log.bodies.append(body)
+        self.log.replies.append({"token_ids": ids, "logprobs": logprobs})
+        return JSONResponse(reply)
+
+    async def _health(self, request: Request) -> Response:
+        return Response(status_code=500 if self.down else 200)
+
+    async def _models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "scripted", "object": "model", "max_model_len": 4096}]})
+
+    async def _tokenize(self, request: Request) -> Response:
+        body = await request.json()
+        return JSONResponse({"tokens": self.tokenizer.encode(body.get("prompt", ""), add_special_tokens=False)})
+
+
+class ServerThread:
+    """An ASGI app under uvicorn in a daemon thread, on a free local port."""
+
+    def __init__(self, app: Any) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server thread did not start")
+            time.sleep(0.01)
+        return self
+
+    @property
+    def url(self) -> str:
+        sock = self.server.servers[0].sockets[0]
+        host, port = sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

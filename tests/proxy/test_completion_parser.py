@@ -1,0 +1,80 @@
+"""Completion text -> reasoning, content, tool calls; malformed calls are the policy's error."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from rollout_server.proxy.completion_parser import parse_completion, split_reasoning
+from rollout_server.proxy.conversation import ToolSpec
+
+TOOLS = [ToolSpec("edit", "Edit a file.", {"type": "object", "properties": {
+    "path": {"type": "string"}, "line": {"type": "integer"}, "dry": {"type": "boolean"}, "text": {"type": "string"}}})]
+
+
+def ids() -> object:
+    counter = itertools.count()
+    return lambda: f"call_{next(counter)}"
+
+
+def test_split_reasoning_variants() -> None:
+    assert split_reasoning("<think>\nhmm\n</think>\n\nanswer") == ("hmm", "answer")
+    # The template put `<think>` in the prompt: only the close was sampled.
+    assert split_reasoning("hmm\n</think>\n\nanswer") == ("hmm", "answer")
+    # Cut off mid-thought by max_tokens.
+    assert split_reasoning("<think>\nstill thinking") == ("still thinking", "")
+    assert split_reasoning("plain answer") == (None, "plain answer")
+
+
+def test_hermes_calls_with_prose_and_reasoning() -> None:
+    text = ('<think>look first</think>\n\nLet me look.\n<tool_call>\n{"name": "edit", "arguments": {"path": "a.py"}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "edit", "arguments": "{\\"path\\": \\"b.py\\"}"}\n</tool_call>')
+    out = parse_completion(text, "hermes", TOOLS, ids())
+    assert out.reasoning == "look first"
+    assert out.content == "Let me look."
+    assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [
+        ("call_0", "edit", {"path": "a.py"}), ("call_1", "edit", {"path": "b.py"})]
+    assert out.parse_error is None
+
+
+@pytest.mark.parametrize("body, error", [
+    ('<tool_call>\n{"name": "edit", "arguments": {"path": \n</tool_call>', "not JSON"),
+    ('<tool_call>\n{"arguments": {}}\n</tool_call>', "lacks a string 'name'"),
+    ('<tool_call>\n{"name": "edit", "arguments": [1]}\n</tool_call>', "not a JSON object"),
+    ('<tool_call>\n{"name": "edit", "arguments": {}}', "unterminated"),
+])
+def test_malformed_hermes_call_is_content_with_parse_error(body: str, error: str) -> None:
+    out = parse_completion("Trying.\n" + body, "hermes", TOOLS, ids())
+    assert out.tool_calls == ()
+    assert out.content == ("Trying.\n" + body).strip()
+    assert out.parse_error is not None and error in out.parse_error
+
+
+def test_qwen3_coder_xml_calls_coerced_by_schema() -> None:
+    text = ("I will edit.\n<tool_call>\n<function=edit>\n<parameter=path>\nsrc/a.py\n</parameter>\n"
+            "<parameter=line>\n12\n</parameter>\n<parameter=dry>\nfalse\n</parameter>\n"
+            "<parameter=text>\n42\n  indented\n</parameter>\n</function>\n</tool_call>")
+    out = parse_completion(text, "qwen3_coder", TOOLS, ids())
+    assert out.content == "I will edit."
+    assert out.tool_calls[0].name == "edit"
+    # Declared strings stay strings even when they look like JSON.
+    assert out.tool_calls[0].arguments == {"path": "src/a.py", "line": 12, "dry": False, "text": "42\n  indented"}
+
+
+def test_qwen3_coder_unknown_tool_keeps_json_looking_values() -> None:
+    text = "<tool_call>\n<function=other>\n<parameter=n>\n[1, 2]\n</parameter>\n</function>\n</tool_call>"
+    out = parse_completion(text, "qwen3_coder", TOOLS, ids())
+    assert out.tool_calls[0].arguments == {"n": [1, 2]}
+
+
+def test_qwen3_coder_without_function_is_parse_error() -> None:
+    out = parse_completion('<tool_call>\n{"name": "edit"}\n</tool_call>', "qwen3_coder", TOOLS, ids())
+    assert out.tool_calls == () and "function=NAME" in (out.parse_error or "")
+
+
+def test_non_standard_json_constants_are_parse_errors() -> None:
+    out = parse_completion('<tool_call>\n{"name": "edit", "arguments": {"line": NaN}}\n</tool_call>', "hermes", TOOLS, ids())
+    assert out.tool_calls == () and "NaN is not JSON" in (out.parse_error or "")
+    xml = "<tool_call>\n<function=edit>\n<parameter=line>\nInfinity\n</parameter>\n</function>\n</tool_call>"
+    assert parse_completion(xml, "qwen3_coder", TOOLS, ids()).tool_calls[0].arguments == {"line": "Infinity"}
