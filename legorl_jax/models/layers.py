@@ -1,0 +1,127 @@
+"""One decoder layer (attention + MLP or MoE) of the Qwen3 family.
+
+The same layer code serves training (keys/values from the current tokens) and
+inference (keys/values written into and read from a KV cache): the only
+difference is where `k`/`v` come from before the attention call.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from legorl_jax.models.config import ModelConfig
+from legorl_jax.models.kv_cache import write_layer
+from legorl_jax.models.linear import Linear
+from legorl_jax.models.moe import MoE, RouterStats
+from legorl_jax.models.rope import apply_rope
+
+LayerCache = tuple[jax.Array, jax.Array]  # one layer's k, v: [B, S, kv_heads, head_dim]
+
+
+def rms_norm(config: ModelConfig, rngs: nnx.Rngs, dim: int) -> nnx.RMSNorm:
+    return nnx.RMSNorm(
+        dim, epsilon=config.rms_norm_eps, dtype=config.compute_dtype, param_dtype=config.param_dtype, rngs=rngs
+    )
+
+
+class Attention(nnx.Module):
+    """GQA self-attention with optional q/k RMSNorm (Qwen3) and q/k/v bias (Qwen2)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs) -> None:
+        c = config
+        q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.q_proj = Linear(c, rngs, c.hidden_size, q_dim, c.qkv_bias)
+        self.k_proj = Linear(c, rngs, c.hidden_size, kv_dim, c.qkv_bias)
+        self.v_proj = Linear(c, rngs, c.hidden_size, kv_dim, c.qkv_bias)
+        self.o_proj = Linear(c, rngs, q_dim, c.hidden_size, c.o_bias)
+        self.q_norm = rms_norm(c, rngs, c.head_dim) if c.qk_norm else None
+        self.k_norm = rms_norm(c, rngs, c.head_dim) if c.qk_norm else None
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+
+    def __call__(
+        self,
+        x: jax.Array,
+        rope: tuple[jax.Array, jax.Array],
+        mask: jax.Array,
+        cache: LayerCache | None,
+        positions: jax.Array,
+    ) -> tuple[jax.Array, LayerCache | None]:
+        """x[B, T, D]; mask bool[B, 1, T, S]; with a cache, S is its length."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = write_layer(cache[0], k, positions), write_layer(cache[1], v, positions)
+            cache = (k, v)
+        # jax picks the cuDNN fused kernel on GPU when shapes and dtypes allow,
+        # XLA's implementation elsewhere; the GQA head grouping is handled inside.
+        out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask)
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs) -> None:
+        c, lin = config, partial(Linear, config, rngs)
+        self.gate_proj = lin(c.hidden_size, c.intermediate_size, c.mlp_bias)
+        self.up_proj = lin(c.hidden_size, c.intermediate_size, c.mlp_bias)
+        self.down_proj = lin(c.intermediate_size, c.hidden_size, c.mlp_bias)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block; its parameters are stacked over layers by the model."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs) -> None:
+        self.input_layernorm = rms_norm(config, rngs, config.hidden_size)
+        self.self_attn = Attention(config, rngs=rngs)
+        self.post_attention_layernorm = rms_norm(config, rngs, config.hidden_size)
+        self.mlp: MLP | MoE = MoE(config, rngs=rngs) if config.is_moe else MLP(config, rngs=rngs)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        rope: tuple[jax.Array, jax.Array],
+        mask: jax.Array,
+        cache: LayerCache | None,
+        positions: jax.Array,
+        valid: jax.Array,
+    ) -> tuple[jax.Array, LayerCache | None, RouterStats | None]:
+        """valid bool[B, T] marks real (non-padding) tokens for router statistics."""
+        attn, cache = self.self_attn(self.input_layernorm(x), rope, mask, cache, positions)
+        x = x + attn
+        h = self.post_attention_layernorm(x)
+        if isinstance(self.mlp, MoE):
+            out, stats = self.mlp(h, valid)
+            return x + out, cache, stats
+        return x + self.mlp(h), cache, None
+
+
+def causal_segment_mask(segment_ids: jax.Array) -> jax.Array:
+    """bool[B, 1, T, T]: causal by index within a row, and only within a segment."""
+    t = segment_ids.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return (causal[None] & same)[:, None]
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """int32[B, T]: each token's index within its (contiguous) segment."""
+    t = segment_ids.shape[1]
+    idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), segment_ids.shape)
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
+    first = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    return idx - first

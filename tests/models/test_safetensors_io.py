@@ -1,0 +1,66 @@
+"""Our safetensors reader/writer agree with the safetensors library."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from legorl_jax.models.safetensors_io import SafetensorsFile, SafetensorsFileError, save_file
+
+
+def _tensors() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "a.bf16": rng.normal(size=(6, 5)).astype(ml_dtypes.bfloat16),
+        "b.f32": rng.normal(size=(3, 4, 2)).astype(np.float32),
+        "c.i64": np.arange(7, dtype=np.int64),
+    }
+
+
+def test_written_file_reads_back_in_the_library(tmp_path: Path) -> None:
+    tensors = _tensors()
+    save_file(tensors, tmp_path / "t.safetensors")
+    with safe_open(tmp_path / "t.safetensors", "flax") as f:
+        assert set(f.keys()) == set(tensors)
+        assert f.metadata() == {"format": "pt"}
+        assert [f.get_slice(n).get_dtype() for n in tensors] == ["BF16", "F32", "I64"]
+        for name, value in tensors.items():
+            # (jax without x64 hands int64 back as int32; the values are what matter)
+            np.testing.assert_array_equal(np.asarray(f.get_tensor(name)).astype(value.dtype), value)
+
+
+def test_read_into_blocks_and_casts(tmp_path: Path) -> None:
+    tensors = _tensors()
+    save_file(tensors, tmp_path / "t.safetensors")
+    f = SafetensorsFile(tmp_path / "t.safetensors")
+    assert f.shape("b.f32") == (3, 4, 2)
+    for index in [(slice(None), slice(None)), (slice(2, 5), slice(None)), (slice(1, 4), slice(2, 5))]:
+        ref = tensors["a.bf16"][index]
+        out = np.empty(ref.shape, np.float32)  # bf16 on disk, f32 wanted
+        f.read_into("a.bf16", index, out)
+        np.testing.assert_array_equal(out, ref.astype(np.float32))
+    out = np.empty((7,), np.int64)
+    f.read_into("c.i64", (slice(None),), out)
+    np.testing.assert_array_equal(out, tensors["c.i64"])
+
+
+def test_bad_files_raise_clear_errors(tmp_path: Path) -> None:
+    (tmp_path / "short.safetensors").write_bytes(b"\x01\x02")
+    with pytest.raises(SafetensorsFileError, match="truncated header"):
+        SafetensorsFile(tmp_path / "short.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes((4).to_bytes(8, "little") + b"{no}")
+    with pytest.raises(SafetensorsFileError, match="not JSON"):
+        SafetensorsFile(tmp_path / "junk.safetensors")
+    save_file({"x": np.zeros((4, 4), np.float32)}, tmp_path / "cut.safetensors")
+    data = (tmp_path / "cut.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-8])
+    with pytest.raises(SafetensorsFileError, match="inconsistent data offsets"):
+        SafetensorsFile(tmp_path / "cut.safetensors").read_into("x", (), np.empty((4, 4), np.float32))
+    with pytest.raises(ValueError, match="cannot be stored"):
+        save_file({"c": np.zeros(2, np.complex64)}, tmp_path / "c.safetensors")
+    assert jnp.dtype(ml_dtypes.bfloat16) == jnp.bfloat16
