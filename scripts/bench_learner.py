@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "baseline": lambda: fwd_bwd(learner.params, batch),
             "grpo_step": lambda: learner.train_step(learner.pack(seqs)),
             "pack": lambda: learner.pack(seqs),
-            "host_to_device": lambda: learner._device_batch(mb),
+            "host_to_device": lambda: learner.device_batch(mb),
             "accumulate": lambda: learner.accumulate(packed)[0],
         },
         args.repeats,

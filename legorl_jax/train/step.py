@@ -1,0 +1,212 @@
+"""The sharded GRPO train step with exact gradient accumulation.
+
+One optimizer step = one `PackedStep`: for each micro-batch a jitted
+`micro_step` adds the gradient of Σ w·loss (the aggregation numerator) into a
+device-resident accumulator; `apply_update` then divides once by the step's
+normaliser, clips, and applies AdamW. Because the normaliser is fixed before the
+first micro-batch, k micro-batches give the same update as one big batch.
+
+Every jitted function has explicit in/out shardings over the mesh, so the same
+code runs on one CPU, 8 fake devices, a GPU host or a TPU pod slice.
+Rematerialisation is the model's own policy (`from_hf(..., remat=model.remat)`),
+applied per scanned layer; logprobs come from the model's chunked
+`token_logprobs` at the rollout temperature.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from legorl_jax.config import LearnerConfig, RLConfig
+from legorl_jax.models import CausalLM, batch_sharding, token_logprobs, token_logprobs_with_aux
+from legorl_jax.rl.batching import MicroBatch, PackedStep, TrainSequence, pack_step
+from legorl_jax.rl.losses import PolicyInputs, policy_loss
+from legorl_jax.rl.metrics import finalize, merge, micro_batch_metrics
+from legorl_jax.train.optim import build_optimizer, learning_rate_schedule
+from legorl_jax.train.sharding import (
+    Params,
+    data_parallel_size,
+    like_params,
+    param_shardings,
+    put_batch,
+    replicated,
+)
+
+Array = jax.Array
+BATCH_KEYS = (
+    "tokens", "positions", "segment_ids", "loss_mask", "behavior_logprobs", "advantages", "loss_weight", "seq_ids"
+)
+FLOAT_KEYS = ("loss_mask", "behavior_logprobs", "advantages", "loss_weight")
+
+
+class Learner:
+    """Parameters, optimizer state and the jitted step functions of one policy.
+
+    The reference policy for the KL term (only kept when `rl.kl_coef > 0`) is the
+    policy the learner starts from.
+    """
+
+    def __init__(
+        self, model: CausalLM, rl: RLConfig, learner: LearnerConfig, mesh: Mesh, *, max_segments: int = 16
+    ) -> None:
+        self.rl, self.cfg, self.mesh, self.max_segments = rl, learner, mesh, max_segments
+        # Pure dicts of arrays: what optax, orbax and jit shardings handle natively.
+        self.graphdef, state, rest = nnx.split(model, nnx.Param, ...)
+        params, rest = state.to_pure_dict(), rest.to_pure_dict()
+        self.model_config = model.config
+        self.param_sh = param_shardings(params, mesh)
+        # Copies, not aliases: updates donate (free) the learner's buffers, and the
+        # caller's model (or the reference policy) must survive them.
+        copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_sh)
+        self.params = copy(params)
+        self._rest = jax.device_put(rest, replicated(mesh))
+        self.tx = build_optimizer(learner.optimizer)
+        self.schedule = learning_rate_schedule(learner.optimizer)
+        self.opt_sh = like_params(jax.eval_shape(self.tx.init, self.params), self.params, self.param_sh, mesh)
+        self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_sh)(self.params)
+        self.ref_params = copy(self.params) if rl.kl_coef > 0 else None
+        ref_sh = self.param_sh if self.ref_params is not None else None
+        self.step = 0
+        rep = replicated(mesh)
+        batch_sh = {k: batch_sharding(mesh) for k in BATCH_KEYS}
+        abstract_acc = self._abstract_acc()
+        self._acc_sh = {
+            "grads": self.param_sh, "loss": rep, "metrics": jax.tree.map(lambda _: rep, abstract_acc["metrics"])
+        }
+        self._zero_acc = jax.jit(
+            lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract_acc), out_shardings=self._acc_sh
+        )
+        self._micro = jax.jit(
+            self._micro_step,
+            in_shardings=(self.param_sh, ref_sh, self._acc_sh, batch_sh, rep),
+            out_shardings=self._acc_sh,
+            donate_argnums=(2,),
+        )
+        self._apply = jax.jit(
+            self._apply_update,
+            in_shardings=(self.param_sh, self.opt_sh, self.param_sh, rep),
+            out_shardings=(self.param_sh, self.opt_sh, rep),
+            donate_argnums=(0, 1),
+        )
+
+    # ---- host side -------------------------------------------------------------
+    def pack(self, seqs: list[TrainSequence]) -> PackedStep:
+        """Packs one step's sequences with this learner's buckets, budget and mesh width."""
+        return pack_step(
+            seqs,
+            buckets=self.cfg.length_buckets,
+            micro_batch_tokens=self.cfg.micro_batch_tokens,
+            aggregation=self.rl.aggregation,
+            overlong=self.cfg.overlong,
+            max_segments=self.max_segments,
+            row_multiple=data_parallel_size(self.mesh),
+        )
+
+    def model(self) -> CausalLM:
+        """The current policy as an NNX module sharing the learner's arrays: valid
+        until the next `train_step`, which donates (frees) them."""
+        return nnx.merge(self.graphdef, self.params, self._rest)
+
+    def accumulate(self, packed: PackedStep) -> tuple[Params, Array, dict]:
+        """Σ over micro-batches of (∇ numerator, numerator, metric sums): no update."""
+        # MoE load-balancing loss is a per-micro-batch mean; this weight makes it a
+        # coefficient-weighted mean over micro-batches once the numerator is
+        # divided by the normaliser. Traced, so the coefficient costs no recompile.
+        coef = self.model_config.router_aux_loss_coef
+        aux_scale = jnp.float32(coef * packed.normaliser / len(packed.micro_batches))
+        acc = self._zero_acc()
+        for mb in packed.micro_batches:
+            acc = self._micro(self.params, self.ref_params, acc, self.device_batch(mb), aux_scale)
+        return acc["grads"], acc["loss"], acc["metrics"]
+
+    def train_step(self, packed: PackedStep) -> dict[str, float]:
+        """One optimizer update from one packed step; returns the step's metrics."""
+        grads, numerator, metric_acc = self.accumulate(packed)
+        lr = float(self.schedule(self.step))
+        self.params, self.opt_state, grad_norm = self._apply(
+            self.params, self.opt_state, grads, jnp.float32(packed.normaliser)
+        )
+        self.step += 1
+        metrics = finalize(metric_acc)
+        metrics.update(packed.stats)
+        metrics.update(
+            loss=float(numerator) / packed.normaliser, grad_norm=float(grad_norm), learning_rate=lr, step=self.step
+        )
+        return metrics
+
+    def device_batch(self, mb: MicroBatch) -> dict[str, Array]:
+        """A host micro-batch as global arrays, rows split over data × fsdp."""
+        return put_batch({k: getattr(mb, k) for k in BATCH_KEYS}, self.mesh)
+
+    def _abstract_acc(self) -> dict:
+        """Shapes of the accumulator; its structure does not depend on the batch shape."""
+        rows = data_parallel_size(self.mesh)
+        batch = {k: jax.ShapeDtypeStruct((rows, 2), jnp.int32) for k in BATCH_KEYS}
+        batch.update({k: jax.ShapeDtypeStruct((rows, 1), jnp.float32) for k in FLOAT_KEYS})
+        batch["seq_ids"] = jax.ShapeDtypeStruct((rows, 1), jnp.int32)
+        grads, loss, metrics = jax.eval_shape(
+            self._micro_grads, self.params, self.ref_params, batch, jax.ShapeDtypeStruct((), jnp.float32)
+        )
+        return {"grads": grads, "loss": loss, "metrics": metrics}
+
+    # ---- traced ----------------------------------------------------------------
+    def _logprobs(self, params: Params, batch: dict[str, Array]) -> tuple[Array, dict[str, Array]]:
+        return token_logprobs_with_aux(
+            nnx.merge(self.graphdef, params, self._rest),
+            batch["tokens"],
+            positions=batch["positions"],
+            segment_ids=batch["segment_ids"],
+            temperature=self.rl.sampling.temperature,
+            chunk_size=self.cfg.logprob_chunk_size,
+        )
+
+    def _micro_grads(
+        self, params: Params, ref_params: Params | None, batch: dict[str, Array], aux_scale: Array
+    ) -> tuple[Params, Array, dict]:
+        ref_logprobs = None
+        if ref_params is not None:
+            ref_model = nnx.merge(self.graphdef, ref_params, self._rest)
+            ref_logprobs = jax.lax.stop_gradient(
+                token_logprobs(
+                    ref_model, batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"],
+                    temperature=self.rl.sampling.temperature, chunk_size=self.cfg.logprob_chunk_size,
+                )
+            )
+
+        def numerator(p: Params) -> tuple[Array, dict]:
+            logprobs, aux = self._logprobs(p, batch)
+            inputs = PolicyInputs(
+                logprobs, batch["behavior_logprobs"], batch["advantages"], batch["loss_mask"],
+                batch["seq_ids"], batch["tokens"].shape[0] * self.max_segments,
+            )
+            per_token, token_metrics = policy_loss(inputs, self.rl, ref_logprobs)
+            value = jnp.sum(per_token * batch["loss_weight"])
+            if "router_aux_loss" in aux:
+                value = value + aux["router_aux_loss"] * aux_scale
+            return value, micro_batch_metrics(inputs, token_metrics)
+
+        (value, metrics), grads = jax.value_and_grad(numerator, has_aux=True)(params)
+        return grads, value, metrics
+
+    def _micro_step(
+        self, params: Params, ref_params: Params | None, acc: dict, batch: dict[str, Array], aux_scale: Array
+    ) -> dict:
+        grads, value, metrics = self._micro_grads(params, ref_params, batch, aux_scale)
+        return {
+            "grads": jax.tree.map(jnp.add, acc["grads"], grads),
+            "loss": acc["loss"] + value,
+            "metrics": merge(acc["metrics"], metrics),
+        }
+
+    def _apply_update(
+        self, params: Params, opt_state: optax.OptState, grads: Params, normaliser: Array
+    ) -> tuple[Params, optax.OptState, Array]:
+        grads = jax.tree.map(lambda g: g / normaliser, grads)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, optax.global_norm(grads)
