@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
@@ -207,19 +207,38 @@ class Harness(ABC):
 
 
 class CliHarness(Harness):
-    """A harness CLI run headless in the sandbox."""
+    """A harness CLI run headless in the sandbox. One that always speaks the same API sets
+    `wire`; one whose API depends on its options overrides `dialect()` instead."""
 
     Options: ClassVar[type[HarnessOptions]] = CliOptions
+    wire: ClassVar[Dialect]
 
     def install_spec(self, options: HarnessOptions) -> InstallSpec:
         version = getattr(options, "version", None)
         return replace(self.install, version=version) if version else self.install
 
-    @abstractmethod
-    def dialect(self, options: HarnessOptions) -> Dialect: ...
+    def dialect(self, options: HarnessOptions) -> Dialect:
+        return self.wire
 
     @abstractmethod
     def launch_spec(self, ctx: HarnessContext, options: HarnessOptions) -> LaunchSpec: ...
+
+    def _launch(
+        self,
+        ctx: HarnessContext,
+        options: HarnessOptions,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        files: Sequence[FileSpec] = (),
+    ) -> LaunchSpec:
+        """Every CLI runs in the trial's work directory with HOME at the trial's home, where it keeps state."""
+        return LaunchSpec(
+            argv=tuple(argv),
+            env={"HOME": ctx.home, **env},
+            files=tuple(files),
+            workdir=ctx.workdir,
+            dialect=self.dialect(options),
+        )
 
     def classify(self, exit_code: int | None, stdout: str, stderr: str, timed_out: bool) -> Outcome:
         """Whether the harness process ended normally. A cap hit is known to the proxy, which the
@@ -291,3 +310,8 @@ def _brief(exc: ValidationError) -> str:
 
 def home_path(ctx: HarnessContext, *parts: str) -> str:
     return "/".join([ctx.home.rstrip("/"), *parts])
+
+
+def json_file(path: str, obj: Mapping[str, object]) -> FileSpec:
+    """A JSON config file, indented so a person debugging a trial can read it in the sandbox."""
+    return FileSpec(path=path, content=json.dumps(obj, indent=2))

@@ -43,9 +43,7 @@ class ClaudeCode(CliHarness):
     install: ClassVar[InstallSpec] = InstallSpec(
         kind="npm", package="@anthropic-ai/claude-code", version="2.1.x", binary="claude"
     )
-
-    def dialect(self, options: HarnessOptions) -> Dialect:
-        return "anthropic"
+    wire: ClassVar[Dialect] = "anthropic"
 
     def launch_spec(self, ctx: HarnessContext, options: HarnessOptions) -> LaunchSpec:
         opts = self._typed(options, ClaudeCodeOptions)
@@ -53,7 +51,6 @@ class ClaudeCode(CliHarness):
             raise HarnessConfigError(f"claude-code: model names must not contain '/', got {ctx.model!r}")
         env = {
             **_OFFLINE_ENV,
-            "HOME": ctx.home,
             # The Anthropic SDK appends /v1/messages itself.
             "ANTHROPIC_BASE_URL": ctx.base_url,
             "ANTHROPIC_API_KEY": ctx.api_key,
@@ -73,7 +70,7 @@ class ClaudeCode(CliHarness):
         ]
         if opts.max_turns is not None:
             argv += ["--max-turns", str(opts.max_turns)]
-        return LaunchSpec(argv=tuple(argv), env=env, files=(), workdir=ctx.workdir, dialect="anthropic")
+        return self._launch(ctx, opts, argv, env)
 
     def classify(self, exit_code: int | None, stdout: str, stderr: str, timed_out: bool) -> Outcome:
         # stream-json ends with one `result` event; its subtype says why the run ended.

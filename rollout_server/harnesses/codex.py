@@ -30,9 +30,7 @@ class Codex(CliHarness):
     install: ClassVar[InstallSpec] = InstallSpec(
         kind="npm", package="@openai/codex", version=">=0.170.0 <0.180.0", binary="codex"
     )
-
-    def dialect(self, options: HarnessOptions) -> Dialect:
-        return "openai_responses"
+    wire: ClassVar[Dialect] = "openai_responses"
 
     def config(self, ctx: HarnessContext) -> dict[str, object]:
         return {
@@ -60,13 +58,13 @@ class Codex(CliHarness):
             "--dangerously-bypass-approvals-and-sandbox",
             ctx.instruction,
         )
-        return LaunchSpec(
+        return self._launch(
+            ctx,
+            options,
             # `codex exec` reads more prompt from a non-TTY stdin until EOF, so it must see an empty one.
             argv=stdin_from("/dev/null", argv),
-            env={"HOME": ctx.home, "CODEX_HOME": codex_home, KEY_ENV: ctx.api_key},
+            env={"CODEX_HOME": codex_home, KEY_ENV: ctx.api_key},
             files=(FileSpec(path=f"{codex_home}/config.toml", content=tomli_w.dumps(self.config(ctx))),),
-            workdir=ctx.workdir,
-            dialect="openai_responses",
         )
 
     def classify(self, exit_code: int | None, stdout: str, stderr: str, timed_out: bool) -> Outcome:

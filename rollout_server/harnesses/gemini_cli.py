@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import ClassVar
 
 from .base import (
@@ -15,18 +14,24 @@ from .base import (
     LaunchSpec,
     Outcome,
     home_path,
+    json_file,
     register_harness,
 )
 
 # Documented headless exit code for "turn limit exceeded": the agent ran out of turns, not the harness.
 TURN_LIMIT_EXIT = 53
 
-SETTINGS: dict[str, object] = {
-    "security": {"auth": {"selectedType": "gemini-api-key"}},
-    # Both upload to Google when on; offline they only add failing requests.
-    "telemetry": {"enabled": False},
-    "privacy": {"usageStatisticsEnabled": False},
-}
+
+def settings_file(ctx: HarnessContext, config_dir: str, auth_type: str) -> FileSpec:
+    """`~/<config_dir>/settings.json` in Gemini CLI's schema, which its fork Qwen Code reads too."""
+    settings = {
+        # Without a selected auth type the CLI asks interactively.
+        "security": {"auth": {"selectedType": auth_type}},
+        # Both upload to Google when on; offline they only add failing requests.
+        "telemetry": {"enabled": False},
+        "privacy": {"usageStatisticsEnabled": False},
+    }
+    return json_file(home_path(ctx, config_dir, "settings.json"), settings)
 
 
 @register_harness("gemini-cli")
@@ -34,13 +39,10 @@ class GeminiCli(CliHarness):
     install: ClassVar[InstallSpec] = InstallSpec(
         kind="npm", package="@google/gemini-cli", version="0.61.x", binary="gemini"
     )
-
-    def dialect(self, options: HarnessOptions) -> Dialect:
-        return "gemini"
+    wire: ClassVar[Dialect] = "gemini"
 
     def launch_spec(self, ctx: HarnessContext, options: HarnessOptions) -> LaunchSpec:
         env = {
-            "HOME": ctx.home,
             # The Gemini SDK appends /v1beta/models/<m>:streamGenerateContent itself.
             "GOOGLE_GEMINI_BASE_URL": ctx.base_url,
             "GEMINI_API_KEY": ctx.api_key,
@@ -48,8 +50,7 @@ class GeminiCli(CliHarness):
         }
         # An explicit -m: the default `auto` first makes a router call that needs a JSON answer.
         argv = ("gemini", "-p", ctx.instruction, "-m", ctx.model, "--yolo", "--output-format", "json")
-        settings = FileSpec(path=home_path(ctx, ".gemini", "settings.json"), content=json.dumps(SETTINGS, indent=2))
-        return LaunchSpec(argv=argv, env=env, files=(settings,), workdir=ctx.workdir, dialect="gemini")
+        return self._launch(ctx, options, argv, env, (settings_file(ctx, ".gemini", "gemini-api-key"),))
 
     def classify(self, exit_code: int | None, stdout: str, stderr: str, timed_out: bool) -> Outcome:
         if not timed_out and exit_code == TURN_LIMIT_EXIT:

@@ -37,9 +37,7 @@ class MiniSweAgent(CliHarness):
     install: ClassVar[InstallSpec] = InstallSpec(
         kind="pip", package="mini-swe-agent", version=">=2.4,<2.5", binary="mini"
     )
-
-    def dialect(self, options: HarnessOptions) -> Dialect:
-        return "openai_chat"
+    wire: ClassVar[Dialect] = "openai_chat"
 
     def launch_spec(self, ctx: HarnessContext, options: HarnessOptions) -> LaunchSpec:
         opts = self._typed(options, MiniSweAgentOptions)
@@ -59,10 +57,4 @@ class MiniSweAgent(CliHarness):
         if opts.step_limit is not None:
             argv += ["-c", f"agent.step_limit={opts.step_limit}"]
         argv += ["-t", ctx.instruction]
-        return LaunchSpec(
-            argv=tuple(argv),
-            env={**_OFFLINE_ENV, "HOME": ctx.home, "OPENAI_API_KEY": ctx.api_key},
-            files=(),
-            workdir=ctx.workdir,
-            dialect="openai_chat",
-        )
+        return self._launch(ctx, opts, argv, {**_OFFLINE_ENV, "OPENAI_API_KEY": ctx.api_key})

@@ -6,7 +6,6 @@ points it at the proxy, so the session key lives in that file.
 
 from __future__ import annotations
 
-import json
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -21,6 +20,7 @@ from .base import (
     InstallSpec,
     LaunchSpec,
     home_path,
+    json_file,
     register_harness,
     stdin_from,
 )
@@ -81,15 +81,11 @@ class OpenCode(CliHarness):
 
     def launch_spec(self, ctx: HarnessContext, options: HarnessOptions) -> LaunchSpec:
         opts = self._typed(options, OpenCodeOptions)
-        config_file = FileSpec(
-            path=f"{ctx.workdir.rstrip('/')}/opencode.json", content=json.dumps(self.config(ctx, opts), indent=2)
-        )
-        files = [config_file]
+        files = [json_file(f"{ctx.workdir.rstrip('/')}/opencode.json", self.config(ctx, opts))]
         if opts.prompt_via == "words":
             argv = ("opencode", "run", *ctx.instruction.split())
         else:
             prompt = FileSpec(path=home_path(ctx, ".legorl", "instruction.md"), content=ctx.instruction)
             files.append(prompt)
             argv = stdin_from(prompt.path, ("opencode", "run"))
-        env = {**_OFFLINE_ENV, "HOME": ctx.home}
-        return LaunchSpec(argv=argv, env=env, files=tuple(files), workdir=ctx.workdir, dialect=opts.wire)
+        return self._launch(ctx, opts, argv, _OFFLINE_ENV, files)

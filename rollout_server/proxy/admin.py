@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -71,21 +72,20 @@ def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
         return JSONResponse({"key": session.key, "urls": session_urls(str(request.base_url), session.key)},
                             status_code=201)
 
-    async def trajectory(request: Request) -> Response:
+    def answer_trajectory(request: Request, lookup: Callable[[str], Session | None]) -> Response:
+        """The trajectory of the session `lookup` finds (reading it, or removing it) by the path's key."""
         if not authorized(request):
             return _problem(401, "admin token required (Authorization: Bearer <token>)")
-        session = core.store.get(request.path_params["key"])
+        session = lookup(request.path_params["key"])
         if session is None:
             return _problem(404, "no such session")
         return JSONResponse(trajectory_json(session))
 
+    async def trajectory(request: Request) -> Response:
+        return answer_trajectory(request, core.store.get)
+
     async def delete(request: Request) -> Response:
-        if not authorized(request):
-            return _problem(401, "admin token required (Authorization: Bearer <token>)")
-        session = core.store.delete(request.path_params["key"])
-        if session is None:
-            return _problem(404, "no such session")
-        return JSONResponse(trajectory_json(session))
+        return answer_trajectory(request, core.store.delete)
 
     return [
         Route("/admin/sessions", create, methods=["POST"]),

@@ -39,6 +39,16 @@ def _loads(text: str) -> Any:
     return json.loads(text, parse_constant=_no_constants)
 
 
+def _tool_json(text: str, what: str) -> Any:
+    """`_loads`, with any failure a `ToolCallParseError` that names `what` was being read."""
+    try:
+        return _loads(text)
+    except ToolCallParseError:
+        raise
+    except ValueError as exc:
+        raise ToolCallParseError(f"{what} is not JSON: {exc}") from exc
+
+
 def split_reasoning(text: str) -> tuple[str | None, str]:
     """(reasoning, rest). Handles templates that put `<think>` in the prompt
     (only `</think>` is sampled) and completions cut off inside the thought."""
@@ -56,22 +66,12 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
 
 
 def _hermes_call(block: str) -> tuple[str, dict[str, Any]]:
-    try:
-        obj = _loads(block)
-    except ToolCallParseError:
-        raise
-    except ValueError as exc:
-        raise ToolCallParseError(f"tool call is not JSON: {exc}") from exc
+    obj = _tool_json(block, "tool call")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         raise ToolCallParseError("tool call JSON lacks a string 'name'")
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models double-encode the arguments
-        try:
-            args = _loads(args)
-        except ToolCallParseError:
-            raise
-        except ValueError as exc:
-            raise ToolCallParseError(f"tool call arguments are not JSON: {exc}") from exc
+        args = _tool_json(args, "tool call arguments")
     if not isinstance(args, dict):
         raise ToolCallParseError("tool call arguments are not a JSON object")
     return obj["name"], args

@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from proxy.scripted_engine import ServerThread
 
 from rollout_server.sandbox.base import SandboxSpec
 from rollout_server.sandbox.local import LocalSandbox
@@ -13,9 +14,9 @@ from .scripted_chat_server import ScriptedChatServer
 @pytest.fixture(scope="session")
 def chat_server() -> Iterator[ScriptedChatServer]:
     server = ScriptedChatServer()
-    server.start()
-    yield server
-    server.stop()
+    with ServerThread(server.app) as thread:
+        server.base_url = thread.url
+        yield server
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -46,14 +45,12 @@ class ScriptedChatServer:
         self._lock = threading.Lock()
         self.app = FastAPI()
         self.app.post("/s/{key}/v1/chat/completions")(self._chat)
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self.base_url = ""  # set by whoever serves `app` (the `chat_server` fixture)
 
     @property
     def session_url(self) -> str:
-        assert self._server is not None, "server not started"
-        port = self._server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}/s/{self.key}"
+        assert self.base_url, "server not started"
+        return f"{self.base_url}/s/{self.key}"
 
     def load(self, replies: list[Reply]) -> None:
         with self._lock:
@@ -126,19 +123,3 @@ class ScriptedChatServer:
                 yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
         yield chunk({}, "tool_calls" if reply.tool_calls else "stop")
         yield "data: [DONE]\n\n"
-
-    def start(self) -> None:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("scripted chat server did not start")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)

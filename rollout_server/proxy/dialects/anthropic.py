@@ -11,7 +11,15 @@ from typing import Any
 
 from rollout_server.proxy import sse
 from rollout_server.proxy.conversation import ChatRequest, Message, ToolCall, ToolSpec
-from rollout_server.proxy.dialects.common import new_id, optional_int, text_of, tool_spec
+from rollout_server.proxy.dialects.common import (
+    each_object,
+    model_name,
+    new_id,
+    optional_int,
+    text_of,
+    tool_spec,
+    turns,
+)
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
 from rollout_server.proxy.service import TurnResult
 
@@ -81,15 +89,11 @@ def _assistant(content: Any, where: str) -> Message:
 
 
 def _tools(raw: Any) -> list[ToolSpec]:
-    if raw is None:
-        return []
-    expect_type(raw, list, "tools")
     specs = []
-    for k, tool in enumerate(raw):
-        expect_type(tool, dict, f"tools[{k}]")
+    for at, tool in each_object(raw, "tools"):
         if tool.get("type") not in (None, "custom"):
             continue  # a server tool (web search, ...) runs at the provider; none here
-        specs.append(tool_spec(tool.get("name"), tool.get("description"), tool.get("input_schema"), f"tools[{k}]"))
+        specs.append(tool_spec(tool.get("name"), tool.get("description"), tool.get("input_schema"), at))
     return specs
 
 
@@ -136,11 +140,7 @@ class Anthropic:
     tool_id_prefix = "toolu_"
 
     def parse(self, body: Any, params: dict[str, str]) -> ChatRequest:
-        expect_type(body, dict, "request body")
-        raw_messages = body.get("messages")
-        expect_type(raw_messages, list, "messages")
-        if not raw_messages:
-            raise invalid("messages: must not be empty")
+        raw_messages = turns(body, "messages")
         messages: list[Message] = []
         if body.get("system") is not None:
             messages.append(Message("system", text_of(_blocks(body["system"], "system"), "system")))
@@ -156,8 +156,7 @@ class Anthropic:
                 messages.append(Message("system", text_of(_blocks(m.get("content"), where), f"{where}.content")))
             else:
                 raise invalid(f"{where}.role: unknown role {role!r}")
-        model = body.get("model", "")
-        expect_type(model, str, "model")
+        model = model_name(body)
         choice = body.get("tool_choice")
         no_tools = isinstance(choice, dict) and choice.get("type") == "none"
         return ChatRequest(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from rollout_server.proxy.conversation import ToolSpec
@@ -40,6 +41,18 @@ def text_of(content: Any, where: str) -> str:
     return "".join(texts)
 
 
+def each_object(raw: Any, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The JSON objects of an optional list (`tools`, absent meaning none), each with where it
+    stands for error messages."""
+    if raw is None:
+        return
+    expect_type(raw, list, where)
+    for k, item in enumerate(raw):
+        at = f"{where}[{k}]"
+        expect_type(item, dict, at)
+        yield at, item
+
+
 def tool_spec(name: Any, description: Any, parameters: Any, where: str) -> ToolSpec:
     expect_type(name, str, f"{where}.name")
     if not name:
@@ -51,12 +64,31 @@ def tool_spec(name: Any, description: Any, parameters: Any, where: str) -> ToolS
     return ToolSpec(name, desc, params)
 
 
-def optional_int(body: dict[str, Any], *names: str) -> int | None:
+def turns(body: Any, field: str) -> list[Any]:
+    """The body's conversation (`messages`, `contents`): a list, and never an empty one, since
+    there is nothing to answer; the body itself must be a JSON object."""
+    expect_type(body, dict, "request body")
+    value = body.get(field)
+    expect_type(value, list, field)
+    if not value:
+        raise invalid(f"{field}: must not be empty")
+    return value
+
+
+def model_name(body: dict[str, Any]) -> str:
+    model = body.get("model", "")
+    expect_type(model, str, "model")
+    return model
+
+
+def optional_int(body: dict[str, Any], *names: str, within: str = "") -> int | None:
+    """The first of `names` that is set, as a positive integer; `within` prefixes the field
+    in the error when `body` is a nested object (`generationConfig.`)."""
     for name in names:
         value = body.get(name)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise invalid(f"{name}: expected a positive integer, got {value!r}")
+                raise invalid(f"{within}{name}: expected a positive integer, got {value!r}")
             return value
     return None
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from rollout_server.proxy import sse
 from rollout_server.proxy.conversation import ChatRequest, Message, ToolCall, ToolSpec
-from rollout_server.proxy.dialects.common import new_id, text_of, tool_spec
+from rollout_server.proxy.dialects.common import each_object, new_id, optional_int, text_of, tool_spec, turns
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
 from rollout_server.proxy.service import TurnResult
 
@@ -103,17 +103,10 @@ def _content(content: Any, where: str) -> list[Message]:
 
 
 def _tools(raw: Any) -> list[ToolSpec]:
-    if raw is None:
-        return []
-    expect_type(raw, list, "tools")
     specs = []
-    for k, tool in enumerate(raw):
-        expect_type(tool, dict, f"tools[{k}]")
+    for where, tool in each_object(raw, "tools"):
         declarations = tool.get("functionDeclarations") or []  # other entries are Google-side tools
-        expect_type(declarations, list, f"tools[{k}].functionDeclarations")
-        for d, decl in enumerate(declarations):
-            at = f"tools[{k}].functionDeclarations[{d}]"
-            expect_type(decl, dict, at)
+        for at, decl in each_object(declarations, f"{where}.functionDeclarations"):
             schema = decl.get("parametersJsonSchema", _lower_types(decl.get("parameters")))
             specs.append(tool_spec(decl.get("name"), decl.get("description"), schema, at))
     return specs
@@ -131,11 +124,7 @@ class Gemini:
     tool_id_prefix = "fc_"
 
     def parse(self, body: Any, params: dict[str, str]) -> ChatRequest:
-        expect_type(body, dict, "request body")
-        contents = body.get("contents")
-        expect_type(contents, list, "contents")
-        if not contents:
-            raise invalid("contents: must not be empty")
+        contents = turns(body, "contents")
         messages: list[Message] = []
         system = body.get("systemInstruction")
         if system is not None:
@@ -145,9 +134,7 @@ class Gemini:
             messages += _content(content, f"contents[{i}]")
         config = body.get("generationConfig") or {}
         expect_type(config, dict, "generationConfig")
-        limit = config.get("maxOutputTokens")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
-            raise invalid(f"generationConfig.maxOutputTokens: expected a positive integer, got {limit!r}")
+        limit = optional_int(config, "maxOutputTokens", within="generationConfig.")
         return ChatRequest(
             messages=messages, tools=_tools(body.get("tools")), model=params.get("model", ""),
             stream=params.get("action") == "streamGenerateContent", max_tokens=limit,

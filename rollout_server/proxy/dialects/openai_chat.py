@@ -8,7 +8,16 @@ from typing import Any
 
 from rollout_server.proxy import sse
 from rollout_server.proxy.conversation import ChatRequest, Message, ToolCall, ToolSpec, arguments_json, parse_arguments
-from rollout_server.proxy.dialects.common import new_id, now, optional_int, text_of, tool_spec
+from rollout_server.proxy.dialects.common import (
+    each_object,
+    model_name,
+    new_id,
+    now,
+    optional_int,
+    text_of,
+    tool_spec,
+    turns,
+)
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
 from rollout_server.proxy.service import TurnResult
 
@@ -69,17 +78,13 @@ def _message(m: Any, where: str) -> Message:
 
 
 def _tools(raw: Any) -> list[ToolSpec]:
-    if raw is None:
-        return []
-    expect_type(raw, list, "tools")
     specs = []
-    for k, tool in enumerate(raw):
-        expect_type(tool, dict, f"tools[{k}]")
+    for at, tool in each_object(raw, "tools"):
         if tool.get("type", "function") != "function":
-            raise invalid(f"tools[{k}].type: only function tools are supported, got {tool.get('type')!r}")
+            raise invalid(f"{at}.type: only function tools are supported, got {tool.get('type')!r}")
         fn = tool.get("function")
-        expect_type(fn, dict, f"tools[{k}].function")
-        specs.append(tool_spec(fn.get("name"), fn.get("description"), fn.get("parameters"), f"tools[{k}].function"))
+        expect_type(fn, dict, f"{at}.function")
+        specs.append(tool_spec(fn.get("name"), fn.get("description"), fn.get("parameters"), f"{at}.function"))
     return specs
 
 
@@ -104,18 +109,13 @@ class OpenAIChat:
     tool_id_prefix = "call_"
 
     def parse(self, body: Any, params: dict[str, str]) -> ChatRequest:
-        expect_type(body, dict, "request body")
-        messages = body.get("messages")
-        expect_type(messages, list, "messages")
-        if not messages:
-            raise invalid("messages: must not be empty")
+        messages = turns(body, "messages")
         kwargs = body.get("chat_template_kwargs") or {}
         expect_type(kwargs, dict, "chat_template_kwargs")
         thinking = kwargs.get("enable_thinking")
         stream_options = body.get("stream_options") or {}
         expect_type(stream_options, dict, "stream_options")
-        model = body.get("model", "")
-        expect_type(model, str, "model")
+        model = model_name(body)
         return ChatRequest(
             messages=[_message(m, f"messages[{i}]") for i, m in enumerate(messages)],
             tools=[] if body.get("tool_choice") == "none" else _tools(body.get("tools")),

@@ -11,7 +11,7 @@ from typing import Any
 
 from rollout_server.proxy import sse
 from rollout_server.proxy.conversation import ChatRequest, Message, ToolCall, ToolSpec, arguments_json, parse_arguments
-from rollout_server.proxy.dialects.common import new_id, now, optional_int, text_of, tool_spec
+from rollout_server.proxy.dialects.common import each_object, model_name, new_id, now, optional_int, text_of, tool_spec
 from rollout_server.proxy.dialects.openai_chat import openai_error
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
 from rollout_server.proxy.service import TurnResult
@@ -42,14 +42,9 @@ def _decode_reasoning(item: dict[str, Any]) -> str | None:
 def _tools(raw: Any, where: str = "tools") -> tuple[list[ToolSpec], set[str]]:
     """Function specs, and the names of freeform (custom) tools, whose calls
     carry one string `input`."""
-    if raw is None:
-        return [], set()
-    expect_type(raw, list, where)
     specs: list[ToolSpec] = []
     custom: set[str] = set()
-    for k, tool in enumerate(raw):
-        at = f"{where}[{k}]"
-        expect_type(tool, dict, at)
+    for at, tool in each_object(raw, where):
         kind = tool.get("type")
         if kind == "function":
             specs.append(tool_spec(tool.get("name"), tool.get("description"), tool.get("parameters"), at))
@@ -186,8 +181,7 @@ class Responses:
         if not any(m.role != "system" for m in builder.messages):
             raise invalid("input: must hold at least one message")
         tools, custom = _tools(body.get("tools"))
-        model = body.get("model", "")
-        expect_type(model, str, "model")
+        model = model_name(body)
         reasoning = body.get("reasoning")
         effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
         return ChatRequest(
