@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import jax
 
-from legorl_jax.config import Config, dump_config
+from legorl_jax.config import REPO_ROOT, Config, dump_config
 from legorl_jax.fleet import Fleet, GroupResult, GroupSpec
 from legorl_jax.train.assemble import assemble, is_informative, rollout_metrics
 from legorl_jax.train.groups import GroupSampler, HarnessChoice, harness_choice
@@ -73,7 +74,8 @@ class Trainer:
             return Path(self.config.model.path)
         from legorl_jax.train.demo_model import ensure_demo_model
 
-        return ensure_demo_model(Path(".cache") / "demo_model", progress=self.progress)
+        cache = Path(os.environ.get("LEGORL_CACHE", REPO_ROOT / ".cache"))
+        return ensure_demo_model(cache / "demo_model", progress=self.progress)
 
     def _build_learner(self, model_dir: Path):
         from legorl_jax.models import from_hf

@@ -1,0 +1,239 @@
+"""The embedded default's model: built once from nothing, then cached.
+
+`ensure_demo_model(cache_dir)` returns an HF checkpoint directory (config,
+safetensors, tokenizer with Qwen3's chat template) that `from_hf`, the
+embedded engine and `transformers` load. Building it:
+
+1. record demonstrations (`demonstrations.py`) with the base demo tokenizer and
+   train the final byte-level BPE on their text, so prompts (system prompt,
+   tool schemas, tool results) encode short;
+2. record them again with the final tokenizer: these token ids are what SFT trains on;
+3. initialise a small Qwen3 model (`build_tiny_hf_model`) and warm-start it
+   with SFT (`sft.py`) until it solves the demo tasks sometimes, not always;
+4. export with `to_hf`, write `build_info.json` (figures of the build), and
+   move the directory into place with one rename, so a crash never leaves a
+   half-written model that a later run would trust.
+
+The cache key hashes everything the result depends on: the build spec, every
+file of the tasks, the lego configurations, and the source that shapes the
+episodes and their tokens (the lego harness, the proxy's rendering and
+trajectory assembly, the tokenizer and chat template, these modules).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from legorl_jax.config import DEFAULT_CONFIG, Config, load_config
+from legorl_jax.models import demo_assets, from_hf, to_hf
+from legorl_jax.models import tokenizer as demo_tokenizer
+from legorl_jax.models.demo_assets import build_tiny_hf_model
+from legorl_jax.models.tokenizer import ENDOFTEXT, build_demo_tokenizer
+from legorl_jax.train import demonstrations, sft
+from legorl_jax.train.demonstrations import Demonstration, record_demonstrations
+from legorl_jax.train.sft import SFTConfig, evaluate, prepare, train_sft
+from rollout_server.harnesses import lego
+from rollout_server.harnesses.lego import LegoOptions
+from rollout_server.proxy import render as proxy_render
+from rollout_server.proxy import trajectory as proxy_trajectory
+from rollout_server.tasks import Task, demo_tasks
+
+log = logging.getLogger(__name__)
+
+BUILD_INFO = "build_info.json"
+# Repeats of the demonstration text in the tokenizer corpus: enough for BPE to
+# merge the prompt boilerplate into long tokens next to the built-in corpus.
+_CORPUS_COPIES = 10
+
+
+class DemoModelSpec(BaseModel):
+    """Everything about the build that is not read from tasks or source files."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vocab_size: int = Field(2048, ge=512)
+    # Sized for the time budget: a few minutes of SFT on 2 CPU cores over ~1k-token episodes.
+    hidden_size: int = Field(128, gt=0)
+    num_layers: int = Field(2, gt=0)
+    num_heads: int = Field(4, gt=0)
+    num_kv_heads: int = Field(2, gt=0)
+    head_dim: int = Field(32, gt=0)
+    intermediate_size: int = Field(384, gt=0)
+    seed: int = 0
+    max_context: int = Field(2048, gt=0, description="Longest episode the demonstrations may take (tokens).")
+    max_tokens: int = Field(256, gt=0, description="Longest completion the demonstrations may need (tokens).")
+    harnesses: tuple[dict[str, Any], ...] = Field(
+        (), description="lego options per configuration; empty takes configs/demo.yaml's harness_mix."
+    )
+    plans: tuple[str, ...] = tuple(demonstrations.PLANS)
+    sft: SFTConfig = SFTConfig()
+
+
+def demo_harness_options(config: Config | None = None) -> list[dict[str, Any]]:
+    """The lego entries of a config's harness mix (default: configs/demo.yaml)."""
+    config = config or load_config(DEFAULT_CONFIG)
+    options = [dict(h.options) for h in config.harness_mix.harnesses if h.name == "lego"]
+    if not options:
+        raise ValueError("the config's harness_mix has no lego entry to demonstrate")
+    return options
+
+
+def _task_files(tasks: Sequence[Task]) -> Iterator[tuple[str, bytes]]:
+    for task in sorted(tasks, key=lambda t: t.name):
+        for path in sorted(p for p in task.root.rglob("*") if p.is_file()):
+            yield f"{task.name}/{path.relative_to(task.root).as_posix()}", path.read_bytes()
+
+
+def _source_files() -> Iterator[tuple[str, bytes]]:
+    """What shapes the episodes and their tokens: the lego harness, the proxy's rendering, the builders."""
+    for module in (demo_tokenizer, demo_assets, demonstrations, sft, proxy_render, proxy_trajectory):
+        yield module.__name__, Path(module.__file__ or "").read_bytes()
+    for path in sorted(Path(lego.__file__ or "").parent.glob("*.py")):
+        yield f"lego/{path.name}", path.read_bytes()
+    yield "chat_template.jinja", demo_tokenizer.load_chat_template().encode()
+    yield __name__, Path(__file__).read_bytes()
+
+
+def cache_key(spec: DemoModelSpec, tasks: Sequence[Task], harnesses: Sequence[dict[str, Any]]) -> str:
+    """sha256 over the spec, the lego configurations, the task files and the builder's source."""
+    digest = hashlib.sha256()
+    digest.update(spec.model_dump_json().encode())
+    digest.update(json.dumps(list(harnesses), sort_keys=True).encode())
+    for name, data in (*_task_files(tasks), *_source_files()):
+        digest.update(f"\0{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _is_complete(model_dir: Path) -> bool:
+    return (model_dir / BUILD_INFO).is_file() and (model_dir / "config.json").is_file()
+
+
+def _record(
+    tokenizer_dir: Path, tasks: Sequence[Task], options: list[LegoOptions], spec: DemoModelSpec
+) -> list[Demonstration]:
+    from transformers import AutoTokenizer  # deferred: seconds to import, only the build needs it
+
+    return record_demonstrations(
+        AutoTokenizer.from_pretrained(tokenizer_dir), tasks, options, plans=spec.plans,
+        max_context=spec.max_context, max_tokens=spec.max_tokens,
+    )
+
+
+def _demonstration_text(tokenizer_dir: Path, demos: Sequence[Demonstration]) -> list[str]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return [tokenizer.decode(list(ids)) for demo in demos for ids, _ in demo.sequences]
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="warm-starting the demo model", unit="step", disable=not enabled, leave=False)
+
+
+def build_demo_model(
+    out_dir: Path, spec: DemoModelSpec, tasks: Sequence[Task], harnesses: Sequence[dict[str, Any]], *, progress: bool
+) -> dict[str, Any]:
+    """Build the model into `out_dir` (see the module docstring); returns the build figures."""
+    started = time.monotonic()
+    options = [LegoOptions(**h) for h in harnesses]
+    work = out_dir / ".build"
+    base_demos = _record(build_demo_tokenizer(work / "base_tokenizer"), tasks, options, spec)
+    corpus = _demonstration_text(work / "base_tokenizer", base_demos) * _CORPUS_COPIES
+    tokenizer_dir = build_demo_tokenizer(work / "tokenizer", corpus=corpus, vocab_size=spec.vocab_size)
+    demos = _record(tokenizer_dir, tasks, options, spec)
+    recorded = time.monotonic()
+
+    init_dir = build_tiny_hf_model(
+        work / "init", hidden_size=spec.hidden_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
+        seed=spec.seed, tokenizer_dir=tokenizer_dir,
+    )
+    model = from_hf(init_dir)
+    data = prepare(demos, _token_id(tokenizer_dir, ENDOFTEXT), max_len=spec.max_context)
+    initial = evaluate(model, data)
+    with _progress_bar(spec.sft.max_steps, progress) as bar:
+
+        def on_step(step: int, loss: float, estimate: float | None) -> None:
+            bar.update(1)
+            if estimate is not None:
+                bar.set_postfix({"loss": f"{loss:.3f}", "pass_est": f"{estimate:.2f}"}, refresh=False)
+
+        result = train_sft(model, data, spec.sft, on_step=on_step)
+    final = evaluate(model, data)
+    to_hf(model, out_dir, tokenizer_from=init_dir)
+    shutil.rmtree(work)
+    return {
+        "demonstrations": len(demos),
+        "sequences": int(data.tokens.shape[0]),
+        "padded_length": int(data.tokens.shape[1]),
+        "assistant_tokens": int(data.mask.sum()),
+        "sft_steps": result.steps,
+        "reached_target": result.reached_target,
+        "initial": vars(initial),
+        "final": vars(final),
+        "pass_estimates": result.pass_estimates,
+        "loss_first": result.losses[0],
+        "loss_last": result.losses[-1],
+        "record_s": recorded - started,
+        "build_s": time.monotonic() - started,
+    }
+
+
+def _token_id(tokenizer_dir: Path, token: str) -> int:
+    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    for added in vocab["added_tokens"]:
+        if added["content"] == token:
+            return int(added["id"])
+    raise ValueError(f"{tokenizer_dir}: tokenizer has no {token}")
+
+
+def ensure_demo_model(
+    cache_dir: Path,
+    *,
+    progress: bool = True,
+    spec: DemoModelSpec = DemoModelSpec(),
+    tasks: Sequence[Task] | None = None,
+) -> Path:
+    """The cached demo model's HF directory, built first when no cached copy matches.
+
+    `tasks` default to the project's demo tasks; the model directory is
+    `cache_dir/demo-model-<key prefix>`. Concurrent builders each build in a
+    private temp dir; the first rename wins and the others use its result.
+    """
+    tasks = list(tasks) if tasks is not None else demo_tasks()
+    harnesses = [dict(h) for h in spec.harnesses] or demo_harness_options()
+    key = cache_key(spec, tasks, harnesses)
+    target = Path(cache_dir) / f"demo-model-{key[:20]}"
+    if _is_complete(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("building the demo model into %s (one time; a few minutes)", target)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+    try:
+        info = build_demo_model(tmp, spec, tasks, harnesses, progress=progress)
+        info["cache_key"] = key
+        (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # Another builder got there first (or a stale partial dir sits there): keep a complete one.
+            if not _is_complete(target):
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
