@@ -25,12 +25,14 @@ class CannedServicer(pb_grpc.RolloutServiceServicer):
         self.die_after = die_after  # trajectories sent before the server stops itself
         self.sent = 0
         self.server: grpc.aio.Server | None = None
+        self.stopping: asyncio.Future[None] | None = None
         self.version = 0
 
     async def Rollout(self, request, context):
         for _ in range(request.group_size):
             if self.die_after is not None and self.sent >= self.die_after:
-                await self.server.stop(grace=None)
+                # Stopped from outside this handler: the stop cancels the handler itself.
+                self.stopping = asyncio.ensure_future(self.server.stop(grace=None))
                 await asyncio.sleep(30)
             await asyncio.sleep(0.01)
             self.sent += 1
@@ -54,7 +56,7 @@ class CannedServicer(pb_grpc.RolloutServiceServicer):
 
 async def start(servicer: CannedServicer) -> str:
     server = grpc.aio.server()
-    _running.append(server)
+    _running.append(servicer)
     pb_grpc.add_RolloutServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -62,7 +64,7 @@ async def start(servicer: CannedServicer) -> str:
     return f"127.0.0.1:{port}"
 
 
-_running: list[grpc.aio.Server] = []
+_running: list[CannedServicer] = []
 
 
 def run(main) -> None:
@@ -73,7 +75,8 @@ def run(main) -> None:
             await main()
         finally:
             while _running:
-                await _running.pop().stop(grace=None)
+                servicer = _running.pop()
+                await (servicer.stopping or servicer.server.stop(grace=None))
 
     asyncio.run(wrapped())
 

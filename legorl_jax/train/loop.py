@@ -165,7 +165,7 @@ class Trainer:
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
-        model_dir = self._model_dir()
+        model_dir = await asyncio.to_thread(self._model_dir)  # the demo model's build runs an event loop of its own
         learner = await asyncio.to_thread(self._build_learner, model_dir)
         checkpoints = Checkpointer(self.run_dir / "checkpoints", cfg.learner.checkpoint)
         rng = jax.random.key(cfg.seed)
