@@ -121,7 +121,40 @@ def test_bad_requests_are_refused_with_clear_codes(model_dir: Path) -> None:
                 assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
                 err = await rollout(group_size=0)
                 assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.UpdateWeights(pb.UpdateWeightsRequest(version=1, location="/no/such/weights"))
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert (await stub.GetStatus(pb.GetStatusRequest())).loaded_policy_version == 0
         finally:
             await server.stop(grace_s=10)
+
+    asyncio.run(main())
+
+
+def test_streamed_weights_reach_the_engine(model_dir: Path, tmp_path: Path) -> None:
+    """StreamWeights (fleets without shared storage): new weights load and the version moves."""
+    from legorl_jax.models.demo_assets import build_tiny_hf_model
+    from legorl_jax.train.weight_stream import WeightStreamer
+
+    update = build_tiny_hf_model(tmp_path / "update", seed=1, tokenizer_dir=model_dir)
+
+    async def main() -> None:
+        server = RolloutServer(config(), model_dir)
+        address = await server.start()
+        try:
+            engine = server.engine.client()
+            prompt = list(range(5, 25))
+            before = await engine.complete(prompt, max_tokens=4, temperature=1.0, logprobs=1)
+            assert await WeightStreamer([address]).update_weights(7, str(update)) == {address: 7}
+            after = await engine.complete(prompt, max_tokens=4, temperature=1.0, logprobs=1)
+            await engine.aclose()
+            async with grpc.aio.insecure_channel(address) as channel:
+                status = await pb_grpc.RolloutServiceStub(channel).GetStatus(pb.GetStatusRequest())
+        finally:
+            await server.stop(grace_s=10)
+        assert status.loaded_policy_version == 7
+        # other weights, other distribution: the sampled tokens' logprobs move
+        assert before[0].logprobs != after[0].logprobs
 
     asyncio.run(main())
