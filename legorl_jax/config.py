@@ -162,11 +162,51 @@ class HarnessMixConfig(Strict):
     harnesses: list[HarnessSpec] = Field([HarnessSpec(name="lego")], min_length=1)
 
 
+class DemoVariantsConfig(Strict):
+    """Which generated demo tasks exist (see rollout_server/demo_families.py)."""
+
+    families: list[str] = Field(
+        ["write-word", "count-word", "add-setting", "move-file"], min_length=1, description="Task families."
+    )
+    train_per_family: int = Field(20, gt=0, description="Slot combinations per family that train.")
+    eval_per_family: int = Field(4, ge=0, description="Held-out slot combinations per family that evaluate.")
+    seed: int = Field(0, description="Seed of the train/held-out split.")
+
+
 class TasksConfig(Strict):
     train: list[str] = Field([], description="Task roots (Harbor directories) or JSONL index files.")
     eval: list[str] = Field([], description="Held-out task roots for evaluation.")
-    demo: bool = Field(False, description="Generate the project's demo tasks.")
+    demo: bool = Field(
+        False,
+        description="Add the generated demo tasks: their training variants train, their held-out variants "
+        "evaluate (the project's hand-written demo tasks are served too).",
+    )
+    demo_variants: DemoVariantsConfig = DemoVariantsConfig()
     eval_every: int = Field(10, gt=0)
+
+
+class GrpcSecurityConfig(Strict):
+    """Bearer token and TLS on the rollout servers' gRPC endpoint; a server and its
+    clients read the same section. Secrets come from the environment or a file,
+    never from the YAML itself."""
+
+    token_env: str | None = Field(
+        None, description="Environment variable holding the bearer token; servers require it, clients send it."
+    )
+    token_file: str | None = Field(None, description="File holding the bearer token (instead of token_env).")
+    tls_cert: str | None = Field(None, description="Server: PEM certificate chain; with tls_key, serve TLS only.")
+    tls_key: str | None = Field(None, description="Server: PEM private key of tls_cert.")
+    tls_ca_cert: str | None = Field(
+        None, description="Client: PEM CA bundle that signed the servers' certificates; set, clients connect over TLS."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GrpcSecurityConfig:
+        if self.token_env and self.token_file:
+            raise ValueError("set token_env or token_file, not both")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together")
+        return self
 
 
 class FleetConfig(Strict):
@@ -176,6 +216,17 @@ class FleetConfig(Strict):
     rpc_timeout_s: float = Field(3600.0, gt=0)
     agent_timeout_s: float = Field(600.0, gt=0)
     verifier_timeout_s: float = Field(120.0, gt=0)
+    security: GrpcSecurityConfig = GrpcSecurityConfig()
+    weights_dir: str | None = Field(
+        None,
+        description="Where published weights go: a local path or gs://bucket/prefix that every rollout server "
+        "can read (None: <run dir>/weights).",
+    )
+    weights_transport: Literal["location", "stream"] = Field(
+        "location",
+        description="location: servers load the published directory themselves (shared storage); stream: the "
+        "trainer streams it to each server over gRPC StreamWeights (no shared storage needed).",
+    )
 
 
 class LoggingConfig(Strict):

@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
+from legorl_jax.config import GrpcSecurityConfig
+from legorl_jax.grpc_auth import client_security
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -68,6 +70,7 @@ class _Server:
     capacity: int = 0
     busy: int = 0
     alive: bool = False
+    last_error: str = ""
 
     @property
     def free(self) -> int:
@@ -85,10 +88,13 @@ class Fleet:
         rpc_timeout_s: float = 3600.0,
         probe_interval_s: float = 2.0,
         wait_for_servers_s: float = 60.0,
+        security: GrpcSecurityConfig = GrpcSecurityConfig(),
     ) -> None:
         self._addresses = list(addresses)
         if not self._addresses:
             raise FleetError("no rollout server addresses given")
+        self._security = client_security(security)  # a missing CA file or token fails here, not at the first call
+        self._metadata = self._security.metadata
         self._max_retries = max_retries
         self._rpc_timeout_s = rpc_timeout_s
         self._probe_interval_s = probe_interval_s
@@ -97,13 +103,18 @@ class Fleet:
         self._slot_freed = asyncio.Condition()
         self._ids = itertools.count()
 
+    @property
+    def addresses(self) -> list[str]:
+        return list(self._addresses)
+
     async def __aenter__(self) -> Fleet:
         for address in self._addresses:
-            channel = grpc.aio.insecure_channel(address)
+            channel = self._security.channel(address)
             self._servers.append(_Server(address, pb_grpc.RolloutServiceStub(channel), channel))
         await self.refresh()
         if not any(s.alive for s in self._servers):
-            raise FleetError(f"no rollout server answered GetStatus: {', '.join(self._addresses)}")
+            why = ", ".join(f"{s.address} ({s.last_error})" for s in self._servers)
+            raise FleetError(f"no rollout server answered GetStatus: {why}")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -117,8 +128,9 @@ class Fleet:
 
     async def _probe(self, server: _Server) -> None:
         try:
-            status = await server.stub.GetStatus(pb.GetStatusRequest(), timeout=5.0)
+            status = await server.stub.GetStatus(pb.GetStatusRequest(), timeout=5.0, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
+            server.last_error = f"{exc.code().name}: {exc.details()}"
             if server.alive:
                 log.warning("rollout server %s lost: %s", server.address, exc.code().name)
             server.alive = False
@@ -134,7 +146,9 @@ class Fleet:
 
         async def one(server: _Server) -> tuple[str, int]:
             reply = await server.stub.UpdateWeights(
-                pb.UpdateWeightsRequest(version=version, location=location), timeout=self._rpc_timeout_s
+                pb.UpdateWeightsRequest(version=version, location=location),
+                timeout=self._rpc_timeout_s,
+                metadata=self._metadata,
             )
             return server.address, reply.loaded_version
 
@@ -206,7 +220,7 @@ class Fleet:
                 labels=dict(spec.labels),
             )
             try:
-                call = server.stub.Rollout(request, timeout=self._rpc_timeout_s)
+                call = server.stub.Rollout(request, timeout=self._rpc_timeout_s, metadata=self._metadata)
                 async for trajectory in call:
                     trajectory.group_id = group_id
                     trajectory.trial_index = len(received)

@@ -19,6 +19,7 @@ import grpc
 import uvicorn
 
 from legorl_jax.config import Config
+from legorl_jax.grpc_auth import server_security
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient
 from rollout_server.backends.launch import ManagedEngine, start_engine
@@ -27,6 +28,7 @@ from rollout_server.proxy.engine_client import EngineClient as ProxyEngineClient
 from rollout_server.proxy.service import build_core
 from rollout_server.sandbox import SandboxFactory
 from rollout_server.service import RolloutService, ServiceLimits
+from rollout_server.demo_families import demo_task_splits
 from rollout_server.tasks import Task, demo_tasks, load_tasks
 from rollout_server.trial import TrialHost
 
@@ -46,6 +48,8 @@ def server_tasks(config: Config) -> dict[str, Task]:
     tasks = load_tasks([*config.tasks.train, *config.tasks.eval])
     if config.tasks.demo:
         tasks.extend(demo_tasks())
+        for split in demo_task_splits(config.tasks.demo_variants).values():
+            tasks.extend(split)
     return {task.name: task for task in tasks}
 
 
@@ -68,6 +72,7 @@ class RolloutServer:
     async def start(self) -> str:
         """Returns the gRPC address the server listens on."""
         cfg = self.config
+        security = server_security(cfg.fleet.security)  # before the engine: a bad secret fails in a second
         tasks = server_tasks(cfg)
         self.engine = await asyncio.to_thread(start_engine, cfg.engine, self.model_dir)
         engine = self.engine.client()
@@ -92,7 +97,7 @@ class RolloutServer:
         self._proxy = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         self._proxy_task = asyncio.create_task(self._proxy.serve(sockets=sockets))
 
-        host = TrialHost(self._factory, core.store, proxy_port, served, policy_version=0)
+        host = TrialHost(self._factory, core.store, proxy_port, served, policy_version=0, engine_healthy=engine.healthy)
         limits = ServiceLimits(
             capacity=cfg.fleet.capacity_per_server,
             agent_timeout_s=cfg.fleet.agent_timeout_s,
@@ -101,16 +106,21 @@ class RolloutServer:
         self._weights_dir = tempfile.TemporaryDirectory(prefix="legorl-weights-")
         self.service = RolloutService(host, engine, tasks, Path(self._weights_dir.name), limits)
         # Streamed weights carry tokenizer files whole in their header (Qwen3's is ~11 MB).
-        self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
+        self._grpc = grpc.aio.server(
+            interceptors=security.interceptors, options=[("grpc.max_receive_message_length", 64 * 2**20)]
+        )
         pb_grpc.add_RolloutServiceServicer_to_server(self.service, self._grpc)
-        port = self._grpc.add_insecure_port(self.address)
+        if security.credentials is None:
+            port = self._grpc.add_insecure_port(self.address)
+        else:
+            port = self._grpc.add_secure_port(self.address, security.credentials)
         if port == 0:
             raise OSError(f"cannot listen on {self.address}")
         await self._grpc.start()
         self.address = f"{self.address.rsplit(':', 1)[0]}:{port}"
         log.info(
-            "rollout server on %s: engine %s (%s), proxy port %d, %s sandboxes, %d tasks",
-            self.address, self.engine.url, served, proxy_port, self._factory.kind, len(tasks),
+            "rollout server on %s (%s): engine %s (%s), proxy port %d, %s sandboxes, %d tasks",
+            self.address, security.describe(), self.engine.url, served, proxy_port, self._factory.kind, len(tasks),
         )
         return self.address
 

@@ -166,7 +166,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                 directory = await asyncio.to_thread(resolve_location, request.location, self.weights_root)
             except WeightTransferError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return await self._load(request.version, directory, context)
+            return await self._load(request.version, directory, context, how="from its location")
 
     async def StreamWeights(
         self, request_iterator: AsyncIterator[pb.WeightChunk], context: grpc.aio.ServicerContext
@@ -176,9 +176,11 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                 version, directory = await receive_stream(request_iterator, self.weights_root)
             except WeightTransferError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return await self._load(version, directory, context)
+            return await self._load(version, directory, context, how="streamed")
 
-    async def _load(self, version: int, directory: Path, context: grpc.aio.ServicerContext) -> pb.UpdateWeightsResponse:
+    async def _load(
+        self, version: int, directory: Path, context: grpc.aio.ServicerContext, *, how: str
+    ) -> pb.UpdateWeightsResponse:
         """pause → reload → reset prefix cache → resume; new trials then carry `version`."""
         started = time.monotonic()
         try:
@@ -186,7 +188,9 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         except EngineError as exc:
             await context.abort(grpc.StatusCode.INTERNAL, f"engine reload of {directory} failed: {exc}")
         self.host.policy_version = version
-        return pb.UpdateWeightsResponse(loaded_version=version, reload_s=time.monotonic() - started)
+        reload_s = time.monotonic() - started
+        log.info("policy version %d loaded (%s) in %.2f s", version, how, reload_s)
+        return pb.UpdateWeightsResponse(loaded_version=version, reload_s=reload_s)
 
     # -------------------------------------------------------------- Status --
 

@@ -14,7 +14,7 @@ import logging
 import posixpath
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from protos.legorl.v1 import rollout_pb2 as pb
@@ -49,6 +49,8 @@ class TrialHost:
     proxy_port: int
     model_name: str
     policy_version: int
+    # Asked when a harness fails, to tell a dead engine from a broken harness.
+    engine_healthy: Callable[[], Awaitable[bool]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +99,7 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
         phase = time.monotonic()
         status, reason, harness_metrics = await _run_agent(harness, sandbox, host, spec, session.key)
         times.agent_s = time.monotonic() - phase
-        if session.trajectory.cap_hit and status == pb.TRIAL_STATUS_OK:
-            status, reason = pb.TRIAL_STATUS_CAP_EXCEEDED, f"proxy cap: {session.trajectory.cap_hit}"
+        status, reason = await _agent_outcome(status, reason, sandbox, host, spec, session.trajectory.cap_hit)
 
         phase = time.monotonic()
         verdict = await asyncio.to_thread(verify, sandbox, spec.task, spec.verifier_timeout_s)
@@ -134,6 +135,22 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
         out.metrics.phase_times.CopyFrom(times)
         out.metrics.tool_calls = max(out.metrics.tool_calls, int(harness_metrics.get("tool_calls", 0)))
     return out
+
+
+async def _agent_outcome(
+    status: int, reason: str, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, cap_hit: str | None
+) -> tuple[int, str]:
+    """How the agent phase really ended, once the proxy, the sandbox and the engine have had their say."""
+    if status == pb.TRIAL_STATUS_OK and cap_hit:
+        return pb.TRIAL_STATUS_CAP_EXCEEDED, f"proxy cap: {cap_hit}"
+    if status == pb.TRIAL_STATUS_OK and (killed := await asyncio.to_thread(sandbox.oom_kill_count)):
+        # The agent's own commands outgrew the memory limit: a cap it hit, graded as the sandbox stands.
+        limit = spec.task.config.environment.memory_mb
+        return pb.TRIAL_STATUS_CAP_EXCEEDED, f"out of memory: {killed} process(es) killed at the {limit} MB limit"
+    if status == pb.TRIAL_STATUS_HARNESS_ERROR and host.engine_healthy is not None and not await host.engine_healthy():
+        # The harness failed because the engine behind the proxy did: not the harness's fault.
+        return pb.TRIAL_STATUS_ENGINE_ERROR, f"inference engine is down: {reason}"
+    return status, reason
 
 
 def _wall(spec: TrialSpec) -> float:

@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="HF model directory to evaluate")
     parser.add_argument(
         "--tasks", nargs="+", default=None, metavar="PATH",
-        help="task roots or JSONL indexes (default: the config's tasks.eval, else the demo tasks)",
+        help="task roots or JSONL indexes (default: the config's tasks.eval plus, with tasks.demo, the held-out demo variants)",
     )
     parser.add_argument(
         "--harness", action="append", default=None, metavar="JSON",
@@ -30,14 +30,17 @@ def run(args: argparse.Namespace) -> int:
     from legorl_jax.train.loop import Trainer, task_ids
 
     overrides = [*args.overrides, f"model.path={args.model}"]
+    if args.tasks:  # the in-process rollout server serves the config's tasks: make it these
+        overrides += [f"tasks.eval={json.dumps(args.tasks)}", "tasks.train=[]", "tasks.demo=false"]
     config = load_config(args.config, overrides)
     try:
         specs = [HarnessSpec.model_validate(json.loads(h)) for h in args.harness] if args.harness else None
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"--harness: {exc}") from None
     choices = [harness_choice(h) for h in (specs or config.harness_mix.harnesses)]
-    sources = args.tasks or config.tasks.eval
-    ids = task_ids(sources, demo=not sources)
+    ids = task_ids(config, "eval")
+    if not ids:
+        raise ConfigError("no evaluation tasks: pass --tasks, or set tasks.eval or tasks.demo in the config")
     if args.samples < 1:
         raise ConfigError("--samples must be at least 1")
 

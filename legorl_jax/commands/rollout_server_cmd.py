@@ -10,7 +10,12 @@ from legorl_jax.commands import add_config_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", default="0.0.0.0:50051", help="gRPC listen address (default: %(default)s)")
+    parser.add_argument(
+        "--address",
+        default="0.0.0.0:50051",
+        help="gRPC listen address (default: %(default)s); plaintext and open unless fleet.security sets "
+        "tls_cert/tls_key and token_env or token_file",
+    )
     parser.add_argument(
         "--model", metavar="DIR", default=None, help="HF model directory the engine serves (default: model.path)"
     )

@@ -47,7 +47,8 @@ from rollout_server.harnesses import lego
 from rollout_server.harnesses.lego import LegoOptions
 from rollout_server.proxy import render as proxy_render
 from rollout_server.proxy import trajectory as proxy_trajectory
-from rollout_server.tasks import Task, demo_tasks
+from rollout_server.demo_families import demo_task_splits
+from rollout_server.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ BUILD_INFO = "build_info.json"
 # Repeats of the demonstration text in the tokenizer corpus: enough for BPE to
 # merge the prompt boilerplate into long tokens next to the built-in corpus.
 _CORPUS_COPIES = 10
+_TOKENIZER_TASKS = 12
 
 
 class DemoModelSpec(BaseModel):
@@ -76,8 +78,16 @@ class DemoModelSpec(BaseModel):
     harnesses: tuple[dict[str, Any], ...] = Field(
         (), description="lego options per configuration; empty takes configs/demo.yaml's harness_mix."
     )
-    plans: tuple[str, ...] = tuple(demonstrations.PLANS)
+    # One working plan and the weak teacher's habit, equally often: the warm start
+    # acts on about half of its episodes (see demonstrations.PLANS).
+    plans: tuple[str, ...] = ("direct", "describe")
     sft: SFTConfig = SFTConfig()
+
+
+def demo_training_tasks(config: Config | None = None) -> list[Task]:
+    """The generated demo tasks a config trains on (default: configs/demo.yaml's)."""
+    config = config or load_config(DEFAULT_CONFIG)
+    return demo_task_splits(config.tasks.demo_variants)["train"]
 
 
 def demo_harness_options(config: Config | None = None) -> list[dict[str, Any]]:
@@ -151,7 +161,9 @@ def build_demo_model(
     started = time.monotonic()
     options = [LegoOptions(**h) for h in harnesses]
     work = out_dir / ".build"
-    base_demos = _record(build_demo_tokenizer(work / "base_tokenizer"), tasks, options, spec)
+    # The tokenizer only needs the shape of the text: a sample of the tasks is enough.
+    sample = list(tasks)[:: max(1, len(tasks) // _TOKENIZER_TASKS)]
+    base_demos = _record(build_demo_tokenizer(work / "base_tokenizer"), sample, options, spec)
     corpus = _demonstration_text(work / "base_tokenizer", base_demos) * _CORPUS_COPIES
     tokenizer_dir = build_demo_tokenizer(work / "tokenizer", corpus=corpus, vocab_size=spec.vocab_size)
     demos = _record(tokenizer_dir, tasks, options, spec)
@@ -210,11 +222,11 @@ def ensure_demo_model(
 ) -> Path:
     """The cached demo model's HF directory, built first when no cached copy matches.
 
-    `tasks` default to the project's demo tasks; the model directory is
+    `tasks` default to the generated demo tasks configs/demo.yaml trains on; the model directory is
     `cache_dir/demo-model-<key prefix>`. Concurrent builders each build in a
     private temp dir; the first rename wins and the others use its result.
     """
-    tasks = list(tasks) if tasks is not None else demo_tasks()
+    tasks = list(tasks) if tasks is not None else demo_training_tasks()
     harnesses = [dict(h) for h in spec.harnesses] or demo_harness_options()
     key = cache_key(spec, tasks, harnesses)
     target = Path(cache_dir) / f"demo-model-{key[:20]}"

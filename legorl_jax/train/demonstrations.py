@@ -40,11 +40,20 @@ from rollout_server.verifier import Verdict, verify
 
 log = logging.getLogger(__name__)
 
-# Plans: the moves of one episode. Two shapes, so the warm-started policy has a
-# choice to make (and RL something to sharpen) before it runs the solution.
-PLANS: dict[str, tuple[str, ...]] = {"direct": ("solve", "finish"), "explore": ("explore", "solve", "finish")}
+# Plans: the moves of one episode. "describe" is the habit of a weak teacher:
+# it answers with the right command in prose instead of running it, so the
+# episode fails. A warm start that imitates it as often as the working plans
+# is an agent that often talks instead of acting: RL has to find out, from
+# the verifier's reward alone, that acting is what pays.
+PLANS: dict[str, tuple[str, ...]] = {
+    "direct": ("solve", "finish"),
+    "explore": ("explore", "solve", "finish"),
+    "describe": ("describe",),
+}
+FAILING_PLANS = frozenset({"describe"})
 EXPLORE_COMMAND = "ls -la"
 FINISH_TEXT = "Done."
+DESCRIBE_TEXT = "To do this, run:\n{command}"
 PLAN_TEXT = "1. Look at the files.\n2. Make the change.\n3. Check it and finish."
 _MODEL_NAME = "demonstration-oracle"
 
@@ -80,6 +89,7 @@ def plan_texts(plan: Sequence[str], options: LegoOptions, command: str) -> list[
         "explore": tool_call_text(shell, {"command": EXPLORE_COMMAND}),
         "solve": tool_call_text(shell, {"command": command}),
         "finish": tool_call_text(SUBMIT, {"summary": FINISH_TEXT}) if SUBMIT in tools else FINISH_TEXT,
+        "describe": DESCRIBE_TEXT.format(command=command),
     }
     unknown = [move for move in plan if move not in moves]
     if unknown:
@@ -124,12 +134,13 @@ class SolutionOracle:
 
 @dataclass(frozen=True)
 class Demonstration:
-    """One verified episode: its captured token sequences (ids + loss masks)."""
+    """One verified episode: its captured token sequences (ids + loss masks) and its reward."""
 
     task: str
     config_id: str
     plan: str
     sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (token_ids, loss_mask) per sequence
+    reward: float = 1.0  # what the verifier gave: 0 for the failing plans
 
     @property
     def group(self) -> tuple[str, str]:
@@ -165,17 +176,18 @@ class _Recorder:
         finally:
             await asyncio.to_thread(sandbox.stop)
             self.store.delete(session.key)
-        problems = _problems(result, verdict, self.oracle)
+        expected = 0.0 if plan in FAILING_PLANS else 1.0
+        problems = _problems(result, verdict, self.oracle, expected)
         if problems:
             label = f"{task.name} / {config_id(options)} / {plan}"
             log.warning("demonstration dropped (%s): %s", label, "; ".join(problems))
             return None
         sequences = tuple((tuple(s.token_ids), tuple(s.loss_mask)) for s in session.trajectory.sequences)
-        return Demonstration(task.name, config_id(options), plan, sequences)
+        return Demonstration(task.name, config_id(options), plan, sequences, expected)
 
 
-def _problems(result: LegoResult, verdict: Verdict, oracle: SolutionOracle) -> list[str]:
-    """Why an episode is not a clean demonstration; empty when it is."""
+def _problems(result: LegoResult, verdict: Verdict, oracle: SolutionOracle, expected: float) -> list[str]:
+    """Why an episode is not a clean demonstration of its plan; empty when it is."""
     problems = []
     if result.status != "ok" or result.stop_reason not in ("submitted", "answered"):
         problems.append(f"harness ended {result.status}/{result.stop_reason} {result.reason}".strip())
@@ -185,7 +197,7 @@ def _problems(result: LegoResult, verdict: Verdict, oracle: SolutionOracle) -> l
         problems.append(f"{oracle.unanswered} calls beyond the plan")
     if result.tool_errors:
         problems.append(f"{result.tool_errors} tool errors")
-    if verdict.reward != 1.0:
+    if verdict.reward != expected:
         problems.append(f"verifier: {verdict.status}, reward {verdict.reward} ({verdict.reason})")
     return problems
 
@@ -219,11 +231,14 @@ def record_demonstrations(
 ) -> list[Demonstration]:
     """Run and verify one oracle episode per task x lego configuration x plan.
 
+    Working plans must score 1 and the failing ones (`FAILING_PLANS`) 0.
+
     `tokenizer` is the policy's HF tokenizer (its chat template renders the
     prompts). `max_context` and `max_tokens` are the limits RL will sample
     under, so a demonstration the policy could not reproduce there is dropped.
-    Episodes that do not score 1 are dropped with a warning; a task
-    that yields none at all is an error, since training would then never see it.
+    Episodes that do not score as their plan should are dropped with a warning; a
+    task without a single working demonstration is an error, since training would
+    then never see it solved.
     Uses the local sandbox (bubblewrap when installed), so Harbor paths like
     /app work without Docker.
     """
@@ -238,7 +253,7 @@ def record_demonstrations(
         demos = asyncio.run(_record_all(_Recorder(tokenizer, workdir, max_context, max_tokens), tasks, options, plans))
     except SandboxError as exc:
         raise DemonstrationError(f"the local sandbox failed while recording demonstrations: {exc}") from exc
-    missing = sorted({t.name for t in tasks} - {d.task for d in demos})
+    missing = sorted({t.name for t in tasks} - {d.task for d in demos if d.reward == 1.0})
     if missing:
         raise DemonstrationError(f"no demonstration of {missing} scored 1; see the warnings above")
     return demos

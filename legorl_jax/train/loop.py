@@ -29,6 +29,7 @@ from legorl_jax.config import REPO_ROOT, Config, dump_config
 from legorl_jax.fleet import Fleet, GroupResult, GroupSpec
 from legorl_jax.train.assemble import assemble, is_informative, rollout_metrics
 from legorl_jax.train.groups import GroupSampler, HarnessChoice, harness_choice
+from legorl_jax.train.publish import DirectoryPublisher, WeightSubscribers, publish_weights
 from legorl_jax.train.run_log import RunLog
 from protos.legorl.v1 import rollout_pb2 as pb
 
@@ -50,12 +51,14 @@ def run_directory(config: Config) -> Path:
     return Path(config.logging.run_dir) / config.logging.run_name
 
 
-def task_ids(sources: list[str], demo: bool) -> list[str]:
-    from rollout_server.tasks import demo_tasks, load_tasks
+def task_ids(config: Config, split: str) -> list[str]:
+    """The ids of the configured training or evaluation tasks (`split` "train" or "eval")."""
+    from rollout_server.demo_families import demo_task_splits
+    from rollout_server.tasks import load_tasks
 
-    tasks = load_tasks(sources)
-    if demo:
-        tasks.extend(demo_tasks())
+    tasks = load_tasks(config.tasks.train if split == "train" else config.tasks.eval)
+    if config.tasks.demo:
+        tasks.extend(demo_task_splits(config.tasks.demo_variants)[split])
     return [t.name for t in tasks]
 
 
@@ -105,7 +108,9 @@ class Trainer:
             server = RolloutServer(self.config, first_weights, address="127.0.0.1:0")
             addresses = [await server.start()]
         try:
-            async with Fleet(addresses, max_retries=cfg.max_retries, rpc_timeout_s=cfg.rpc_timeout_s) as fleet:
+            async with Fleet(
+                addresses, max_retries=cfg.max_retries, rpc_timeout_s=cfg.rpc_timeout_s, security=cfg.security
+            ) as fleet:
                 yield fleet
         finally:
             if server is not None:
@@ -160,7 +165,6 @@ class Trainer:
 
     async def run(self) -> Path:
         from legorl_jax.train.checkpoint import Checkpointer
-        from legorl_jax.train.publish import DirectoryPublisher
 
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -169,8 +173,11 @@ class Trainer:
         learner = await asyncio.to_thread(self._build_learner, model_dir)
         checkpoints = Checkpointer(self.run_dir / "checkpoints", cfg.learner.checkpoint)
         rng = jax.random.key(cfg.seed)
-        train_ids = task_ids(cfg.tasks.train, cfg.tasks.demo)
-        eval_ids = task_ids(cfg.tasks.eval, False) or train_ids
+        train_ids = task_ids(cfg, "train")
+        eval_ids = task_ids(cfg, "eval")
+        if not eval_ids:
+            log.warning("no held-out tasks configured: evaluating on the training tasks")
+            eval_ids = train_ids
         choices = [harness_choice(h) for h in cfg.harness_mix.harnesses]
         sampler = GroupSampler(train_ids, cfg.harness_mix.harnesses, cfg.seed)
         restored = checkpoints.restore_latest(learner)
@@ -179,16 +186,21 @@ class Trainer:
             sampler.restore(restored.cursor.get("sampler", {}))
             log.info("resumed from checkpoint at step %d (policy version %d)", self.step, self.version)
         runlog = RunLog(self.run_dir, resume_step=self.step, tensorboard=cfg.logging.tensorboard)
-        publisher = DirectoryPublisher(self.run_dir / "weights", keep=3, tokenizer_from=model_dir)
+        weights_dir = cfg.fleet.weights_dir or self.run_dir / "weights"
+        publisher = DirectoryPublisher(weights_dir, keep=3, tokenizer_from=model_dir)
         # Step-0 rollouts must see the learner's real weights: publish before any rollout.
         location = await asyncio.to_thread(publisher.publish, learner.model(), self.version)
         progress = _progress(cfg.total_steps, self.step, self.progress)
         try:
             async with self.fleet_session(Path(location.removeprefix("file://"))) as fleet:
-                await fleet.update_weights(self.version, location)
+                subscribers = self._subscribers(fleet)
+                await subscribers.update_weights(self.version, location)
                 if self.step == 0:
                     runlog.write({"step": 0, "kind": "eval", **await self.evaluate(fleet, eval_ids, choices)})
-                await self._steps(fleet, sampler, learner, checkpoints, publisher, runlog, rng, eval_ids, choices, progress)
+                await self._steps(
+                    fleet, subscribers, sampler, learner, checkpoints, publisher, runlog, rng, eval_ids, choices,
+                    progress,
+                )
                 if self.step % cfg.tasks.eval_every != 0:
                     runlog.write({"step": self.step, "kind": "eval", **await self.evaluate(fleet, eval_ids, choices)})
         finally:
@@ -201,7 +213,17 @@ class Trainer:
         plot_run(self.run_dir)
         return self.run_dir
 
-    async def _steps(self, fleet, sampler, learner, checkpoints, publisher, runlog, rng, eval_ids, choices, progress):
+    def _subscribers(self, fleet: Fleet) -> WeightSubscribers:
+        if self.config.fleet.weights_transport == "location":
+            return fleet
+        from legorl_jax.grpc_auth import client_security
+        from legorl_jax.train.weight_stream import WeightStreamer
+
+        return WeightStreamer(fleet.addresses, security=client_security(self.config.fleet.security))
+
+    async def _steps(
+        self, fleet, subscribers, sampler, learner, checkpoints, publisher, runlog, rng, eval_ids, choices, progress
+    ):
         cfg = self.config
         lag = cfg.rl.max_policy_lag
         ahead: asyncio.Queue[Batch] = asyncio.Queue(maxsize=max(lag, 1))
@@ -226,8 +248,7 @@ class Trainer:
                 learner_s = time.monotonic() - started
                 self.step = learner.step
                 self.version += 1
-                location = await asyncio.to_thread(publisher.publish, learner.model(), self.version)
-                await fleet.update_weights(self.version, location)
+                published = await publish_weights(publisher, subscribers, learner.model(), self.version)
                 cursor = {"sampler": sampler.cursor}
                 checkpoints.save(learner, policy_version=self.version, rng=rng, cursor=cursor)
                 record = {
@@ -238,6 +259,8 @@ class Trainer:
                     **{k: v for k, v in metrics.items() if k != "step"},
                     "time/rollout_s": batch.rollout_s,
                     "time/learner_s": learner_s,
+                    "time/publish_s": published.publish_s,
+                    "time/reload_s": published.load_s,
                     "throughput/tokens_per_s": assembled.metrics.get("rollout/completion_tokens", 0.0)
                     / max(batch.rollout_s, 1e-9),
                 }

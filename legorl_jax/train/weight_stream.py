@@ -25,6 +25,7 @@ import grpc
 import numpy as np
 from safetensors import safe_open
 
+from legorl_jax.grpc_auth import ClientSecurity
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.weights import INDEX_FILE
@@ -107,7 +108,12 @@ class WeightStreamer:
     A server that fails is logged and left out; none loading is an error."""
 
     def __init__(
-        self, addresses: Sequence[str], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float = 600.0
+        self,
+        addresses: Sequence[str],
+        *,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        timeout_s: float = 600.0,
+        security: ClientSecurity = ClientSecurity(),
     ) -> None:
         if not addresses:
             raise ValueError("WeightStreamer needs at least one server address")
@@ -116,12 +122,13 @@ class WeightStreamer:
         self.addresses = list(addresses)
         self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s
+        self.security = security
 
     async def _send(self, address: str, directory: Path, version: int) -> int:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with self.security.channel(address) as channel:
             stub = pb_grpc.RolloutServiceStub(channel)
             chunks = _in_thread(weight_chunks(directory, version, self.chunk_bytes))
-            reply = await stub.StreamWeights(chunks, timeout=self.timeout_s)
+            reply = await stub.StreamWeights(chunks, timeout=self.timeout_s, metadata=self.security.metadata)
         return reply.loaded_version
 
     async def update_weights(self, version: int, location: str) -> dict[str, int]:

@@ -24,7 +24,7 @@ from rollout_server.sandbox.base import (
 )
 from rollout_server.sandbox.docker import DockerSandbox
 from rollout_server.sandbox.local import LocalSandbox
-from rollout_server.sandbox.network import ProxyNetwork, ensure_proxy_network
+from rollout_server.sandbox.network import ProxyNetwork, ensure_proxy_network, reap_stale_networks, remove_proxy_network
 from rollout_server.sandbox.reaper import Reaper
 from rollout_server.tasks import Task
 
@@ -101,14 +101,18 @@ class SandboxFactory:
         self._network: ProxyNetwork | None = None
         self._reaper: Reaper | None = None
         if client is not None:
-            if network == "proxy_only":
-                if proxy_port is None:
-                    raise SandboxError("proxy_only networking needs the proxy's port")
-                self._network = ensure_proxy_network(client, proxy_port)
+            if network == "proxy_only" and proxy_port is None:
+                raise SandboxError("proxy_only networking needs the proxy's port")
+            # Orphaned containers first: they keep dead servers' networks in use.
             self._reaper = Reaper(client, reap_interval_s)
             reaped = self._reaper.start()
             if reaped:
                 log.info("reaped %d orphaned trial containers at start-up", len(reaped))
+            if network == "proxy_only":
+                stale = reap_stale_networks(client)
+                if stale:
+                    log.info("removed %d proxy networks of servers that are gone", len(stale))
+                self._network = ensure_proxy_network(client, proxy_port)
         else:
             log.warning("no Docker daemon: trials run in the local sandbox, which is NOT isolated")
 
@@ -127,5 +131,13 @@ class SandboxFactory:
         return LocalSandbox(spec, share_network=self._network_mode == "proxy_only")
 
     def close(self) -> None:
+        """Call once every sandbox is stopped: the proxy network goes with its server."""
         if self._reaper is not None:
             self._reaper.stop()
+        if self._client is not None and self._network is not None:
+            try:
+                remove_proxy_network(self._client, self._network.proxy_port)
+            except docker_errors.APIError as exc:
+                log.warning("proxy network %s still in use; the next server's start-up reaps it: %s",
+                            self._network.name, exc)
+            self._network = None

@@ -17,10 +17,14 @@ The proxy listens on the gateway IP (or 0.0.0.0); harnesses use
 from __future__ import annotations
 
 import ipaddress
+import logging
 import shutil
+import socket
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import docker
 import docker.errors
@@ -29,6 +33,7 @@ from rollout_server.sandbox.base import SandboxError
 
 _LABEL = "legorl.network"
 _lock = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,11 @@ class ProxyNetwork:
     name: str
     gateway: str
     proxy_port: int
+
+
+def _port_of(name: str) -> int | None:
+    prefix, _, port = name.rpartition("-")
+    return int(port) if prefix == "legorl-proxy" and port.isdigit() else None
 
 
 def _names(proxy_port: int) -> tuple[str, str, str]:
@@ -108,13 +118,59 @@ def ensure_proxy_network(client: docker.DockerClient, proxy_port: int) -> ProxyN
 
 
 def remove_proxy_network(client: docker.DockerClient, proxy_port: int) -> None:
-    """Tear the network and its host rules down (tests and operators; trials never need it)."""
+    """Tear the network and its host rules down; docker.errors.APIError while a container uses it."""
     name, bridge, chain = _names(proxy_port)
     with _lock:
-        _iptables("-D", "INPUT", "-i", bridge, "-j", chain, check=False)
-        _iptables("-F", chain, check=False)
-        _iptables("-X", chain, check=False)
+        # The network first: while a container still uses it, removal fails and its rules stay.
         try:
             client.networks.get(name).remove()
         except docker.errors.NotFound:
             pass
+        _iptables("-D", "INPUT", "-i", bridge, "-j", chain, check=False)
+        _iptables("-F", chain, check=False)
+        _iptables("-X", chain, check=False)
+
+
+def _proxy_listening(gateway: str, port: int) -> bool:
+    try:
+        socket.create_connection((gateway, port), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
+
+
+def _age_s(created: str, now: float) -> float:
+    # Docker writes nanoseconds, more digits than datetime parses; whole seconds are enough here.
+    try:
+        stamp = datetime.strptime(created[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return 0.0
+    return now - stamp.timestamp()
+
+
+def reap_stale_networks(client: docker.DockerClient, min_age_s: float = 120.0) -> list[str]:
+    """Remove proxy networks whose server is gone: no container attached and nothing listening
+    on their proxy port. Each holds one of the daemon's few address pools (31 by default), so a
+    crashed server's networks would otherwise soon stop every new one from being created.
+    `min_age_s` spares a network whose server is still between creating it and listening."""
+    removed: list[str] = []
+    now = time.time()
+    for entry in client.api.networks(filters={"label": _LABEL}):
+        port = _port_of(entry.get("Name", ""))
+        if port is None or _age_s(entry.get("Created", ""), now) < min_age_s:
+            continue
+        try:
+            attrs = client.api.inspect_network(entry["Id"])
+        except docker.errors.NotFound:
+            continue
+        configs = attrs.get("IPAM", {}).get("Config") or [{}]
+        gateway = configs[0].get("Gateway")
+        if attrs.get("Containers") or (gateway and _proxy_listening(gateway, port)):
+            continue
+        try:
+            remove_proxy_network(client, port)
+        except docker.errors.APIError as exc:  # a trial joined it meanwhile: it is in use after all
+            log.info("kept proxy network %s: %s", entry.get("Name"), exc)
+            continue
+        removed.append(entry.get("Name", ""))
+    return removed

@@ -10,7 +10,9 @@ import pytest
 from conftest import CONFIGS
 
 from legorl_jax.train.demonstrations import (
+    DESCRIBE_TEXT,
     EXPLORE_COMMAND,
+    FAILING_PLANS,
     FINISH_TEXT,
     PLANS,
     DemonstrationError,
@@ -21,7 +23,7 @@ from legorl_jax.train.demonstrations import (
     tool_call_text,
 )
 from rollout_server.harnesses.lego import LegoOptions, config_id
-from rollout_server.tasks import demo_tasks, load_task
+from rollout_server.tasks import Task, demo_tasks, load_task
 
 IM_END = "<|im_end|>"
 HEADER = "<|im_start|>assistant\n"
@@ -38,17 +40,23 @@ def masked_spans(ids: tuple[int, ...], mask: tuple[int, ...]) -> list[tuple[int,
     return spans
 
 
-def test_every_task_config_and_plan_scores_one(demos: list[Demonstration]) -> None:
-    # record_demonstrations keeps only episodes the verifier scored 1, so all of them being here is the check.
+def test_every_task_config_and_plan_scores_as_its_plan_should(
+    demos: list[Demonstration], family_tasks: list[Task]
+) -> None:
+    # record_demonstrations keeps only episodes the verifier scored as their plan
+    # should (1, or 0 for the weak teacher's habit), so all of them being here is the check.
     expected = {
-        (task.name, config_id(LegoOptions(**c)), plan) for task in demo_tasks() for c in CONFIGS for plan in PLANS
+        (task.name, config_id(LegoOptions(**c)), plan) for task in family_tasks for c in CONFIGS for plan in PLANS
     }
     assert {(d.task, d.config_id, d.plan) for d in demos} == expected
     assert len(demos) == len(expected)
+    assert all(d.reward == (0.0 if d.plan in FAILING_PLANS else 1.0) for d in demos)
 
 
-def test_masks_cover_exactly_the_assistant_turns(demos: list[Demonstration], tokenizer: Any) -> None:
-    tasks = {task.name: task for task in demo_tasks()}
+def test_masks_cover_exactly_the_assistant_turns(
+    demos: list[Demonstration], tokenizer: Any, family_tasks: list[Task]
+) -> None:
+    tasks = {task.name: task for task in family_tasks}
     for demo in demos:
         # lego's history is append-only, so the proxy merges each episode into one sequence.
         assert len(demo.sequences) == 1
@@ -76,6 +84,7 @@ def test_plans_follow_the_tool_set() -> None:
     assert plan_texts(PLANS["direct"], LegoOptions(tools="bash_only"), "x")[-1] == FINISH_TEXT
     minimal = plan_texts(PLANS["direct"], LegoOptions(tools="minimal", prompt="plan_first"), "x")
     assert len(minimal) == 3 and '"name": "run"' in minimal[1]
+    assert plan_texts(PLANS["describe"], LegoOptions(tools="minimal"), "x") == [DESCRIBE_TEXT.format(command="x")]
     with pytest.raises(DemonstrationError, match="unknown plan moves"):
         plan_texts(("dance",), LegoOptions(), "x")
 

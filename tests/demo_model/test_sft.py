@@ -13,7 +13,15 @@ from flax import nnx
 from legorl_jax.models import from_hf, token_logprobs
 from legorl_jax.models.demo_assets import build_tiny_hf_model
 from legorl_jax.train.demonstrations import Demonstration
-from legorl_jax.train.sft import SFTConfig, evaluate, pass_estimate, prepare, sft_loss, train_sft
+from legorl_jax.train.sft import (
+    SFTConfig,
+    evaluate,
+    pass_estimate,
+    prepare,
+    sample_groups,
+    sft_loss,
+    train_sft,
+)
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +107,21 @@ def test_pass_estimate_is_the_probability_of_reproducing_a_demonstration(tiny_mo
     expected = (group_a + np.exp(row_logp[3])) / 2
     assert pass_estimate(tiny_model, data) == pytest.approx(expected, rel=1e-4)
     assert evaluate(tiny_model, data).episode_pass_estimate == pytest.approx(expected, rel=1e-4)
+
+
+def test_failing_plans_and_sampled_groups_in_the_estimate(tiny_model: Any) -> None:
+    demos = [*short_demos(), Demonstration("b", "cfg", "describe", (((7, 8, 9, 9, 40), (0, 0, 0, 0, 1)),), 0.0)]
+    data = prepare(demos, pad_id=0)
+    # The failing plan trains (its row is there) but is no way to pass: it is in no group.
+    assert data.tokens.shape[0] == 5 and data.groups == ((0, 1), (2,))
+    only_b = None
+    for seed in range(10):
+        sample = sample_groups(data, 1, seed=seed)
+        assert len(sample.groups) == 1
+        rows = sample.tokens.shape[0]
+        # Group a owns two episodes in three rows; group b one episode in one row.
+        assert (rows, sample.groups) in {(3, ((0, 1),)), (1, ((0,),))}
+        if rows == 1:
+            only_b = sample
+    assert only_b is not None and np.array_equal(only_b.tokens[0], data.tokens[3])
+    assert sample_groups(data, 5, seed=0) is data

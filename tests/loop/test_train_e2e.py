@@ -99,3 +99,21 @@ def test_sigkill_then_rerun_continues_without_losing_or_repeating_steps(model_di
     assert (run / "weights" / "LATEST").read_text().strip() == "v00000004"
     assert any((run / "tensorboard").iterdir())
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit())[-1] == "4"
+
+
+def test_streamed_weights_to_a_chosen_directory(model_dir: Path, tmp_path: Path) -> None:
+    """weights_transport=stream: the fleet loads every version over StreamWeights, not from the path."""
+    weights = tmp_path / "published"
+    command = train_command(model_dir, tmp_path, steps=2) + [
+        "--set", "fleet.weights_transport=stream", "--set", f"fleet.weights_dir={weights}", "--verbose",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "policy version 2 loaded (streamed)" in done.stderr
+    assert "(from its location)" not in done.stderr
+    assert (weights / "LATEST").read_text().strip() == "v00000002"
+    assert not (tmp_path / "e2e" / "weights").exists()
+    records = [json.loads(line) for line in (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r.get("kind") == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["time/publish_s"] > 0 and r["time/reload_s"] > 0 for r in train)

@@ -5,50 +5,24 @@ trajectories whose tokens and logprobs are the engine's."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import grpc
 import pytest
 
-from legorl_jax.config import load_config
 from legorl_jax.fleet import Fleet, GroupSpec
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.server import RolloutServer
 
+from .stack import lego, server_config
+
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from legorl_jax.models.demo_assets import build_tiny_hf_model
-
-    return build_tiny_hf_model(tmp_path_factory.mktemp("model") / "tiny")
-
-
-def config(**extra: str):
-    overrides = [
-        "engine.port=0",
-        "engine.max_batch=8",
-        "sandbox.kind=docker",
-        "fleet.capacity_per_server=4",
-        "fleet.agent_timeout_s=60",
-        "rl.sampling.max_tokens=24",
-        "proxy.max_model_calls=3",
-        "tasks.demo=true",
-    ]
-    return load_config(None, overrides + [f"{k}={v}" for k, v in extra.items()])
-
-
-def lego(tools: str) -> pb.HarnessConfig:
-    options = {"tools": tools, "turn_budget": "short"}
-    return pb.HarnessConfig(name="lego", options_json=json.dumps(options), config_id=f"lego-{tools}")
 
 
 def test_groups_of_lego_trials_over_grpc(model_dir: Path) -> None:
     async def main() -> None:
-        server = RolloutServer(config(), model_dir)
+        server = RolloutServer(server_config(), model_dir)
         address = await server.start()
         try:
             async with Fleet([address]) as fleet:
@@ -90,7 +64,7 @@ def test_groups_of_lego_trials_over_grpc(model_dir: Path) -> None:
 
 def test_bad_requests_are_refused_with_clear_codes(model_dir: Path) -> None:
     async def main() -> None:
-        server = RolloutServer(config(), model_dir)
+        server = RolloutServer(server_config(), model_dir)
         address = await server.start()
         try:
             async with grpc.aio.insecure_channel(address) as channel:
@@ -140,7 +114,7 @@ def test_streamed_weights_reach_the_engine(model_dir: Path, tmp_path: Path) -> N
     update = build_tiny_hf_model(tmp_path / "update", seed=1, tokenizer_dir=model_dir)
 
     async def main() -> None:
-        server = RolloutServer(config(), model_dir)
+        server = RolloutServer(server_config(), model_dir)
         address = await server.start()
         try:
             engine = server.engine.client()

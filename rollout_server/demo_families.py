@@ -1,0 +1,293 @@
+"""Generated demo tasks: a few task families, each with slots whose values vary.
+
+A family is one environment (one Docker image, shared by all its variants)
+and templates for the instruction, the reference solution and the checker.
+A variant fills the slots; variants are split, once and for all by a seeded
+shuffle, into a training set and a held-out evaluation set, so evaluation asks
+for slot combinations the policy never trained on.
+
+`generated_tasks(split)` writes the variants as ordinary Harbor task
+directories (content-addressed, under the cache directory) and loads them, so
+a remote rollout server with the same code generates the identical set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from legorl_jax.config import REPO_ROOT, DemoVariantsConfig
+from rollout_server.tasks import Task, load_tasks
+
+Split = Literal["train", "eval"]
+
+WORDS = ("apple", "river", "stone", "cloud", "maple", "tiger", "ocean", "pepper")
+# Each word appears a different number of times, so a wrong word gives a wrong count.
+_WORD_LINES = [w for i, w in enumerate(WORDS) for _ in range(i + 1)]
+random.Random(0).shuffle(_WORD_LINES)
+_SETTINGS = {"color": "red", "size": "small", "mode": "fast", "level": "low"}
+_INBOX = {
+    "report.txt": "quarterly numbers\n",
+    "photo.jpg": "not really a photo\n",
+    "song.mp3": "la la la\n",
+    "notes.md": "# notes\n",
+    "data.csv": "a,b\n1,2\n",
+    "script.sh": "echo hi\n",
+}
+
+DOCKERFILE = "FROM legorl/base:bookworm\nWORKDIR /app\nCOPY --chown=agent:agent app/ /app/\n"
+
+# The checker's verdict protocol (see the shipped demo tasks): 0 = pass, 3 = graded wrong,
+# anything else = the checker broke, and the trial stays ungraded.
+TEST_SH = """#!/bin/bash
+mkdir -p /logs/verifier
+python3 /tests/check.py
+case $? in
+  0) echo 1 > /logs/verifier/reward.txt ;;
+  3) echo 0 > /logs/verifier/reward.txt ;;
+  *) echo "checker crashed: leaving the trial ungraded" >&2 ;;
+esac
+"""
+
+_CHECK_HEAD = """import json
+import sys
+from pathlib import Path
+
+EXPECT = json.loads({expect!r})
+
+
+def wrong(why):
+    print(why, file=sys.stderr)
+    sys.exit(3)
+
+
+"""
+
+_CHECKS = {
+    "write-word": """path = Path(EXPECT["path"])
+if not path.is_file():
+    wrong(f"{path} is missing")
+if path.read_text().strip() != EXPECT["word"]:
+    wrong(f"{path} does not hold exactly {EXPECT['word']}")
+""",
+    "count-word": """path = Path(EXPECT["path"])
+if not path.is_file():
+    wrong(f"{path} is missing")
+if path.read_text().strip() != str(EXPECT["count"]):
+    wrong(f"{path} does not hold {EXPECT['count']}")
+""",
+    "add-setting": """if Path("/app/settings.conf").read_text() != EXPECT["content"]:
+    wrong("settings.conf differs from the expected content")
+""",
+    "move-file": """moved = Path(EXPECT["dest"])
+if not moved.is_file() or moved.read_text() != EXPECT["content"]:
+    wrong(f"{moved} is missing or changed")
+if Path(EXPECT["source"]).exists():
+    wrong(f"{EXPECT['source']} is still there")
+for name in EXPECT["others"]:
+    if not Path("/app/inbox", name).is_file():
+        wrong(f"/app/inbox/{name} was disturbed")
+""",
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    description: str
+    environment: Mapping[str, str]  # path under environment/app -> content
+    slots: Mapping[str, tuple[str, ...]]
+    instruction: str
+    solution: str
+
+    def variants(self) -> list[dict[str, str]]:
+        names = list(self.slots)
+        return [dict(zip(names, values, strict=True)) for values in itertools.product(*self.slots.values())]
+
+
+def _expectation(family: str, slots: Mapping[str, str]) -> dict[str, object]:
+    """What the checker compares against, computed from the slots (never from an agent's output)."""
+    if family == "write-word":
+        return {"path": f"/app/out/{slots['name']}.txt", "word": slots["word"]}
+    if family == "count-word":
+        return {"path": f"/app/{slots['out']}.txt", "count": _WORD_LINES.count(slots["word"])}
+    if family == "add-setting":
+        lines = [f"{k}={v}" for k, v in _SETTINGS.items()] + [f"{slots['key']}={slots['value']}"]
+        return {"content": "".join(f"{line}\n" for line in lines)}
+    if family == "move-file":
+        name = slots["file"]
+        return {
+            "dest": f"/app/{slots['dir']}/{name}",
+            "source": f"/app/inbox/{name}",
+            "content": _INBOX[name],
+            "others": sorted(set(_INBOX) - {name}),
+        }
+    raise KeyError(family)
+
+
+# Slot values appear in the instruction exactly as the command spells them (a
+# space before, no quotes around), so they are the same tokens in both places:
+# a small model can learn to copy them rather than to translate them.
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "write-word",
+            "Write one given word into a named file.",
+            {"out/.keep": ""},
+            {"name": ("notes", "alpha", "draft", "memo", "result", "final"), "word": WORDS},
+            "Create the file /app/out/{name}.txt containing the word {word} and nothing else.",
+            "echo {word} > /app/out/{name}.txt",
+        ),
+        Family(
+            "count-word",
+            "Count the lines that are exactly a given word.",
+            {"words.txt": "".join(f"{w}\n" for w in _WORD_LINES)},
+            {"word": WORDS, "out": ("count", "total", "answer")},
+            "Count the lines of /app/words.txt that are exactly {word} and write the number to /app/{out}.txt only.",
+            "grep -cx {word} /app/words.txt > /app/{out}.txt",
+        ),
+        Family(
+            "add-setting",
+            "Append one key=value line to a settings file.",
+            {"settings.conf": "".join(f"{k}={v}\n" for k, v in _SETTINGS.items())},
+            {"key": ("color", "size", "mode", "level", "theme", "speed"), "value": ("blue", "large", "slow", "high")},
+            "Add the line {key}={value} at the end of /app/settings.conf and keep the other lines.",
+            "echo {key}={value} >> /app/settings.conf",
+        ),
+        Family(
+            "move-file",
+            "Move one file from an inbox into a new directory.",
+            {f"inbox/{name}": content for name, content in _INBOX.items()},
+            {"file": tuple(_INBOX), "dir": ("archive", "backup", "done", "keep")},
+            "Move /app/inbox/{file} into a new directory /app/{dir} and leave the other files.",
+            "mkdir -p /app/{dir} && mv /app/inbox/{file} /app/{dir}/",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    family: Family
+    slots: Mapping[str, str]
+
+    @property
+    def name(self) -> str:
+        return "-".join([self.family.name, *self.slots.values()]).replace(".", "_")
+
+    def files(self) -> dict[str, str]:
+        """The Harbor task directory, as relative path -> text."""
+        family = self.family
+        expect = json.dumps(_expectation(family.name, self.slots), sort_keys=True)
+        toml = (
+            f'version = "1.0"\n\n[task]\nname = "{self.name}"\ndescription = "{family.description}"\n\n'
+            f'[metadata]\ndifficulty = "easy"\ncategory = "generated"\ntags = ["demo", "{family.name}"]\n\n'
+            "[verifier]\ntimeout_sec = 30.0\n\n[agent]\ntimeout_sec = 120.0\n\n"
+            "[environment]\ncpus = 1\nmemory_mb = 256\n"
+        )
+        files = {
+            "task.toml": toml,
+            "instruction.md": family.instruction.format(**self.slots) + "\n",
+            "environment/Dockerfile": DOCKERFILE,
+            # One POSIX command line: the demonstrations replay it verbatim through sh and bash tools alike.
+            "solution/solve.sh": "#!/bin/sh\n" + family.solution.format(**self.slots) + "\n",
+            "tests/test.sh": TEST_SH,
+            "tests/check.py": _CHECK_HEAD.format(expect=expect) + _CHECKS[family.name],
+        }
+        files.update({f"environment/app/{path}": text for path, text in family.environment.items()})
+        return files
+
+
+def split_variants(
+    families: list[str], *, train_per_family: int, eval_per_family: int, seed: int
+) -> dict[Split, list[Variant]]:
+    """Per family, a seeded shuffle of every slot combination: the first `eval_per_family`
+    are held out, the next `train_per_family` train."""
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"unknown demo task families {unknown}; known: {sorted(FAMILIES)}")
+    out: dict[Split, list[Variant]] = {"train": [], "eval": []}
+    for name in families:
+        family = FAMILIES[name]
+        variants = [Variant(family, slots) for slots in family.variants()]
+        if train_per_family + eval_per_family > len(variants):
+            raise ValueError(
+                f"family {name} has {len(variants)} variants, fewer than "
+                f"train_per_family + eval_per_family = {train_per_family + eval_per_family}"
+            )
+        random.Random(f"{seed}/{name}").shuffle(variants)
+        out["eval"] += variants[:eval_per_family]
+        out["train"] += variants[eval_per_family : eval_per_family + train_per_family]
+    return out
+
+
+def _write(variants: list[Variant], root: Path) -> Path:
+    """Writes the task directories under root/<content hash>; a finished tree is reused as is."""
+    digest = hashlib.sha256()
+    for variant in variants:
+        for path, text in sorted(variant.files().items()):
+            digest.update(f"\0{variant.name}/{path}\0{text}".encode())
+    target = root / digest.hexdigest()[:20]
+    if (target / ".complete").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=root))
+    try:
+        for variant in variants:
+            for path, text in variant.files().items():
+                out = tmp / variant.name / path
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(text, encoding="utf-8")
+                if path.endswith(".sh"):
+                    out.chmod(0o755)
+        (tmp / ".complete").write_text("")
+        try:
+            os.rename(tmp, target)
+        except OSError:  # a concurrent writer finished first; its tree is identical
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def default_cache_root() -> Path:
+    return Path(os.environ.get("LEGORL_CACHE", REPO_ROOT / ".cache")) / "demo_tasks"
+
+
+def generated_tasks(
+    split: Split,
+    families: list[str],
+    *,
+    train_per_family: int,
+    eval_per_family: int,
+    seed: int = 0,
+    cache_root: Path | None = None,
+) -> list[Task]:
+    """The `split` variants of the given families, written as Harbor tasks and loaded."""
+    variants = split_variants(
+        families, train_per_family=train_per_family, eval_per_family=eval_per_family, seed=seed
+    )[split]
+    if not variants:
+        return []
+    return load_tasks([_write(variants, cache_root or default_cache_root())])
+
+
+def demo_task_splits(spec: DemoVariantsConfig) -> dict[Split, list[Task]]:
+    """The configured demo variants, by split."""
+    return {
+        split: generated_tasks(
+            split, spec.families, train_per_family=spec.train_per_family,
+            eval_per_family=spec.eval_per_family, seed=spec.seed,
+        )
+        for split in ("train", "eval")
+    }
