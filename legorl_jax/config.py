@@ -116,6 +116,10 @@ class RLConfig(Strict):
     group_size: int = Field(8, ge=2, description="Trials per (task, harness config) group.")
     groups_per_step: int = Field(8, gt=0, description="Informative groups per optimizer step.")
     dynamic_sampling: bool = Field(True, description="Drop zero-variance groups and sample more.")
+    max_sampling_rounds: int = Field(
+        4, gt=0, description="Rounds of sampling per step at most, so a policy that solves nothing (or everything) "
+        "cannot stall the run; the step trains on the informative groups it got."
+    )
     max_policy_lag: int = Field(0, ge=0, description="0 is synchronous; k overlaps rollouts with training.")
     sampling: SamplingConfig = SamplingConfig()
 

@@ -35,11 +35,6 @@ from protos.legorl.v1 import rollout_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# Dynamic sampling asks for more groups at most this many times per step, so a
-# policy that solves nothing (or everything) cannot stall the run.
-MAX_SAMPLING_ROUNDS = 4
-
-
 @dataclass
 class Batch:
     groups: list[GroupResult]
@@ -144,7 +139,7 @@ class Trainer:
         started, version = time.monotonic(), self.version
         groups: list[GroupResult] = []
         informative = 0
-        for _ in range(MAX_SAMPLING_ROUNDS if rl.dynamic_sampling else 1):
+        for _ in range(rl.max_sampling_rounds if rl.dynamic_sampling else 1):
             specs = [self._spec(*sampler.next(), rl.group_size) for _ in range(rl.groups_per_step - informative)]
             async for group in fleet.rollout(specs):
                 groups.append(group)
@@ -187,7 +182,8 @@ class Trainer:
             log.info("resumed from checkpoint at step %d (policy version %d)", self.step, self.version)
         runlog = RunLog(self.run_dir, resume_step=self.step, tensorboard=cfg.logging.tensorboard)
         weights_dir = cfg.fleet.weights_dir or self.run_dir / "weights"
-        publisher = DirectoryPublisher(weights_dir, keep=3, tokenizer_from=model_dir)
+        # The engines sample in the learner's compute dtype: publishing in it halves the bytes of f32 masters.
+        publisher = DirectoryPublisher(weights_dir, keep=3, tokenizer_from=model_dir, dtype=cfg.model.compute_dtype)
         # Step-0 rollouts must see the learner's real weights: publish before any rollout.
         location = await asyncio.to_thread(publisher.publish, learner.model(), self.version)
         progress = _progress(cfg.total_steps, self.step, self.progress)
@@ -213,6 +209,16 @@ class Trainer:
         plot_run(self.run_dir)
         return self.run_dir
 
+    @staticmethod
+    async def _next_batch(ahead: asyncio.Queue[Batch], producer: asyncio.Task[None]) -> Batch:
+        """The next collected batch, or the producer's error if it died first."""
+        get = asyncio.ensure_future(ahead.get())
+        await asyncio.wait({get, producer}, return_when=asyncio.FIRST_COMPLETED)
+        if not get.done():
+            get.cancel()
+            producer.result()  # raises what killed it
+        return get.result()
+
     def _subscribers(self, fleet: Fleet) -> WeightSubscribers:
         if self.config.fleet.weights_transport == "location":
             return fleet
@@ -227,17 +233,22 @@ class Trainer:
         cfg = self.config
         lag = cfg.rl.max_policy_lag
         ahead: asyncio.Queue[Batch] = asyncio.Queue(maxsize=max(lag, 1))
+        # The batch for step s may start only once step s-1-lag is done, so every
+        # sequence in it is at most `lag` versions old when trained on; the queue
+        # alone lets a producer faster than the learner run lag+1 batches ahead.
+        may_start = asyncio.Semaphore(lag + 1)
         producer = None
         if lag > 0:
 
             async def produce() -> None:
                 while True:
+                    await may_start.acquire()
                     await ahead.put(await self._collect(fleet, sampler))
 
             producer = asyncio.create_task(produce())
         try:
             while self.step < cfg.total_steps:
-                batch = await (ahead.get() if producer else self._collect(fleet, sampler))
+                batch = await (self._next_batch(ahead, producer) if producer else self._collect(fleet, sampler))
                 assembled = assemble(batch.groups, cfg.rl.advantage, min_policy_version=self.version - lag)
                 started = time.monotonic()
                 if assembled.sequences:
@@ -247,8 +258,11 @@ class Trainer:
                     learner.step += 1
                 learner_s = time.monotonic() - started
                 self.step = learner.step
-                self.version += 1
-                published = await publish_weights(publisher, subscribers, learner.model(), self.version)
+                # The version moves once the fleet serves it: a rollout started meanwhile
+                # (lag > 0) must not ask for weights no server has loaded yet.
+                published = await publish_weights(publisher, subscribers, learner.model(), self.version + 1)
+                self.version = published.version
+                may_start.release()
                 cursor = {"sampler": sampler.cursor}
                 checkpoints.save(learner, policy_version=self.version, rng=rng, cursor=cursor)
                 record = {

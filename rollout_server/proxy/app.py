@@ -8,9 +8,10 @@ proxy is never an open relay to the engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -155,9 +156,17 @@ class ProxyApp:
             Route("/v1/models/{target}", self.gemini_call, methods=["POST"]),
         ]
 
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """Closes the engine connections this app's event loop opened."""
+        yield
+        close = getattr(self.core.engine, "aclose", None)  # engines stand-ins (demonstrations) hold none
+        if close is not None:
+            await close()
+
     def build(self) -> Starlette:
         routes = self.dialect_routes()
-        return Starlette(routes=[
+        return Starlette(lifespan=self.lifespan, routes=[
             Route("/health", self.health, methods=["GET"]),
             *admin_routes(self.core, self.admin_token),
             Route("/s/{key}", self.probe, methods=["GET", "HEAD"]),

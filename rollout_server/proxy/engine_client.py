@@ -1,22 +1,34 @@
 """Tokens in, tokens out: the one engine call the proxy makes.
 
 `POST {engine}/v1/completions` with the prompt as token ids, served alike by
-vLLM and the embedded JAX engine. Request and response handling are the
+vLLM and the embedded JAX engine. Request bodies and response parsing are the
 rollout backends' (`rollout_server.backends.client`: ids from `token_ids`, or
 from "token_id:<n>" logprob tokens, paired with logprobs by position); this
 adapter applies the session's sampling and turns every engine failure into
 the proxy's `engine_unavailable`, which each dialect answers as a 503.
+
+The transport is aiohttp with one keep-alive connection pool per event loop:
+this hop is on every model call, and aiohttp's client costs about a third
+of httpx's CPU per request (scripts/bench_proxy.py measures the whole hop).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_server.backends.client import EngineClient as BackendClient
-from rollout_server.backends.client import EngineError
+import aiohttp
+import httpx
+
+from rollout_server.backends.client import EngineError, completion_body, parse_choice, raise_for_error
 from rollout_server.proxy.errors import ProxyError
+
+# Idle connections are dropped before the engines' own 5 s keep-alive (uvicorn,
+# vLLM) closes them: reusing one the server is closing fails the call.
+_KEEPALIVE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -26,10 +38,13 @@ class SamplingParams:
     top_k: int
     max_tokens: int
     stop_token_ids: tuple[int, ...]
+    prompt_logprobs: bool = False  # also the logprob of each prompt token under the engine's weights
 
     def as_kwargs(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "max_tokens": self.max_tokens, "stop_token_ids": list(self.stop_token_ids)}
+                "max_tokens": self.max_tokens, "stop_token_ids": list(self.stop_token_ids),
+                # 0: the prompt token's own logprob, no alternatives (vLLM's convention).
+                "prompt_logprobs": 0 if self.prompt_logprobs else None}
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,7 @@ class EngineCompletion:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" or "length"
+    prompt_logprobs: tuple[float | None, ...] | None = None  # per prompt position, when asked for
 
 
 class EngineClient:
@@ -45,15 +61,41 @@ class EngineClient:
     def __init__(self, base_url: str, model: str, *, timeout_s: float = 3600.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self._backend = BackendClient(self.base_url, model=model, timeout=timeout_s)
+        self.timeout_s = timeout_s
+        self._http: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        """The connection pool of the running event loop (created on first use:
+        the proxy may be built outside the loop that serves it)."""
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http.closed or self._loop is not loop:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            )
+            self._loop = loop
+        return self._http
+
+    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            async with self._session().post(f"{self.base_url}/v1/completions", json=body) as response:
+                raw = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise EngineError(0, f"POST /v1/completions: {exc!r}", "ConnectionError") from exc
+        if status >= 400:  # the backends' reading of an error body (vLLM's shapes), unchanged
+            raise_for_error(httpx.Response(status, content=raw))
+        return dict(json.loads(raw))
 
     async def complete(self, prompt_ids: list[int], sampling: SamplingParams) -> EngineCompletion:
+        body = completion_body(
+            prompt_ids, self.model, **sampling.as_kwargs(),
+            # Ids also as logprob tokens, for engines without return_token_ids.
+            return_tokens_as_token_ids=True,
+        )
         try:
-            choices = await self._backend.complete(
-                prompt_ids, **sampling.as_kwargs(),
-                # Ids also as logprob tokens, for engines without return_token_ids.
-                return_tokens_as_token_ids=True,
-            )
+            choices = [parse_choice(c) for c in (await self._post(body))["choices"]]
         except EngineError as exc:
             raise ProxyError("engine_unavailable", f"inference engine failed: {exc}") from exc
         except (TypeError, ValueError, KeyError) as exc:  # a body that breaks the completions contract
@@ -63,7 +105,13 @@ class EngineClient:
         choice = choices[0]
         if not all(math.isfinite(x) for x in choice.logprobs):
             raise ProxyError("engine_unavailable", "inference engine sent a non-finite logprob for a sampled token")
-        return EngineCompletion(tuple(choice.token_ids), tuple(choice.logprobs), choice.finish_reason or "stop")
+        prompt = choice.prompt_logprobs if sampling.prompt_logprobs else None
+        if prompt is not None and len(prompt) != len(prompt_ids):
+            raise ProxyError("engine_unavailable",
+                             f"inference engine sent {len(prompt)} prompt logprobs for {len(prompt_ids)} prompt tokens")
+        return EngineCompletion(tuple(choice.token_ids), tuple(choice.logprobs), choice.finish_reason or "stop",
+                                None if prompt is None else tuple(prompt))
 
     async def aclose(self) -> None:
-        await self._backend.aclose()
+        if self._http is not None:
+            await self._http.close()

@@ -9,17 +9,28 @@ never reproduces them (Qwen3 drops earlier `<think>` blocks, harnesses
 re-serialise arguments), and re-tokenized text is never trained on (PITFALLS
 1, 3); this way an append-only conversation yields a prompt that extends the
 previous prompt + completion token for token.
+
+Rendering the whole conversation on every call costs time linear in its
+length (Jinja dominates the proxy's own time), so each session keeps a
+`PrefixMemo`: the ids up to the end of the last reused turn. A call whose
+messages extend the memo's renders only [system, that turn, what follows]:
+the text after a sentinel turn depends only on the messages after it, for
+templates that pass the check made when the template is loaded; others, and
+conversations with a turn re-rendered from text (whose rendering may depend
+on later messages, as Qwen3's dropped `<think>` blocks do), always render in
+full. Both paths cut the same text at the same places, so they give the same
+ids.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jinja2 import TemplateError
 
-from rollout_server.proxy.conversation import AssistantOutput, ChatRequest, Message
+from rollout_server.proxy.conversation import AssistantOutput, ChatRequest, Message, ToolSpec
 from rollout_server.proxy.errors import ProxyError, invalid
 
 _SENTINEL = "\u2063legorl-sampled-turn-{}\u2063"
@@ -45,6 +56,30 @@ class Prompt:
     gen_tail: list[int]  # the prompt's last ids, after the assistant header
     reused_turns: int  # assistant turns whose sampled ids were reused
     unmatched_turns: int  # assistant turns re-rendered from text (history rewritten)
+    # Where each reused turn's ids start in `ids`, with the turn.
+    reused_spans: tuple[tuple[int, SampledTurn], ...] = ()
+    incremental: bool = False  # rendered from a session's PrefixMemo
+
+
+@dataclass
+class PrefixMemo:
+    """One session's last render, kept up to the end of its last reused turn."""
+
+    tools: list[ToolSpec] = field(default_factory=list)
+    enable_thinking: bool = True
+    messages: list[Message] = field(default_factory=list)  # up to and including that turn
+    turns: dict[int, int] = field(default_factory=dict)  # message position -> SampledTurn.index
+    spans: tuple[tuple[int, SampledTurn], ...] = ()
+    ids: tuple[int, ...] = ()
+    valid: bool = False
+
+
+@dataclass
+class _Spliced:
+    ids: list[int]
+    gen_tail: list[int]
+    spans: list[tuple[int, SampledTurn]]
+    stable: int  # len(ids) at the end of the last reused turn (0: none)
 
 
 class ChatTemplate:
@@ -71,6 +106,8 @@ class ChatTemplate:
         self.turn_end_text = self.tokenizer.decode([self.turn_end_id])
         if not after.startswith(self.turn_end_text) or self.turn_end_id not in self.tokenizer.all_special_ids:
             raise ValueError(f"chat template: assistant turns do not end with a special token (got {after!r})")
+        # Whether a memo can be extended, and whether that render needs the tools.
+        self.incremental, self._suffix_without_tools = self._local_suffixes()
 
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                add_generation_prompt: bool, enable_thinking: bool) -> str:
@@ -78,6 +115,46 @@ class ChatTemplate:
             messages, tools=tools, add_generation_prompt=add_generation_prompt,
             enable_thinking=enable_thinking, tokenize=False,
         )
+
+    def _after_turn(self, text: str, position: int) -> str | None:
+        """The text after sentinel turn `position` ends, None if it is not there."""
+        at = text.find(_SENTINEL.format(position))
+        end = text.find(self.turn_end_text, at) if at >= 0 else -1
+        return None if end < 0 else text[end + len(self.turn_end_text):]
+
+    def _local_suffixes(self) -> tuple[bool, bool]:
+        """Whether this template renders the text after a sentinel turn from
+        the system message and the messages after that turn alone, and
+        whether it does so without the tools too (a long tool list is most of
+        the template's work): checked on a conversation with every message
+        kind, with and without a system message, with and without thinking."""
+        def turn(i: int) -> dict[str, Any]:
+            return {"role": "assistant", "content": _SENTINEL.format(i)}
+
+        tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+            "type": "object", "properties": {"a": {"type": "string"}}}}}]
+        conv = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, turn(2),
+                {"role": "tool", "content": "r1", "tool_call_id": "a", "name": "f"},
+                {"role": "tool", "content": "r2", "tool_call_id": "b", "name": "f"},
+                turn(5), {"role": "user", "content": "<tool_response>\nx\n</tool_response>"}, turn(7),
+                {"role": "user", "content": "next"}, turn(9), {"role": "tool", "content": "r3", "tool_call_id": "c"}]
+
+        def same(reduced_tools: list[dict[str, Any]] | None) -> bool:
+            for base in (conv, conv[1:]):  # with and without a system message
+                head, offset = base[:1] if base[0]["role"] == "system" else [], len(conv) - len(base)
+                for thinking in (True, False):
+                    full = self._apply(base, tools, True, thinking)
+                    for k in (i for i, m in enumerate(base) if m["role"] == "assistant"):
+                        reduced = self._apply([*head, *base[k:]], reduced_tools, True, thinking)
+                        after = self._after_turn(full, k + offset)  # sentinels are numbered as in `conv`
+                        if after is None or after != self._after_turn(reduced, k + offset):
+                            return False
+            return True
+
+        try:
+            return same(tools), same(None)
+        except (TemplateError, ValueError, TypeError):
+            return False, False
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Tokenizes a text piece; the pieces recur on every call of a session
@@ -95,43 +172,104 @@ class ChatTemplate:
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def render(self, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool) -> Prompt:
+    def render(self, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool,
+               memo: PrefixMemo | None = None) -> Prompt:
         """Prompt ids for `request`; `matched` maps message positions to the
-        stored turns they were matched to."""
-        hf_messages = [
-            {"role": "assistant", "content": _SENTINEL.format(i)} if i in matched else _hf_message(m)
-            for i, m in enumerate(request.messages)
-        ]
-        tools = [
-            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
-            for t in request.tools
-        ] or None
+        stored turns they were matched to. With a `memo` (one per session),
+        a conversation that extends the last one renders only its new part;
+        the memo is brought up to date either way."""
         if not any(m.role != "system" for m in request.messages):
             raise invalid("the conversation has no user, assistant or tool message")
+        assistants = sum(m.role == "assistant" for m in request.messages)
+        all_reused = assistants == len(matched)
+        spliced = self._incremental(request, matched, enable_thinking, memo) if all_reused and memo is not None else None
+        incremental = spliced is not None
+        if spliced is None:
+            spliced = self._splice(self._text(request.messages, matched, request.tools, enable_thinking),
+                                   sorted(matched), matched, 0, [], [])
+        if memo is not None:
+            _remember(memo, request, matched, enable_thinking, spliced, all_reused)
+        return Prompt(spliced.ids, spliced.gen_tail, len(matched), assistants - len(matched),
+                      tuple(spliced.spans), incremental)
+
+    def _incremental(self, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool,
+                     memo: PrefixMemo) -> _Spliced | None:
+        k = len(memo.messages) - 1
+        if not (self.incremental and memo.valid and memo.enable_thinking == enable_thinking
+                and memo.tools == request.tools
+                and {i: t.index for i, t in matched.items() if i <= k} == memo.turns
+                and request.messages[:k + 1] == memo.messages):
+            return None
+        head = [request.messages[0]] if request.messages[0].role == "system" else []
+        reduced = [*head, *request.messages[k:]]
+        shift = k - len(head)  # reduced position + shift = position in the request
+        reduced_matched = {i - shift: t for i, t in matched.items() if i >= k}
         try:
-            text = self._apply(hf_messages, tools, True, enable_thinking)
+            text = self._text(reduced, reduced_matched, [] if self._suffix_without_tools else request.tools,
+                              enable_thinking)
+        except ProxyError:
+            return None  # e.g. a template that wants a user message first: render in full
+        at = text.find(_SENTINEL.format(k - shift))
+        end = text.find(self.turn_end_text, at) if at >= 0 else -1
+        if end < 0:
+            return None
+        later = sorted(i for i in reduced_matched if i > k - shift)
+        return self._splice(text, later, reduced_matched, end + len(self.turn_end_text), list(memo.ids),
+                            list(memo.spans), shift)
+
+    def _text(self, messages: list[Message], matched: dict[int, SampledTurn], tools: list[ToolSpec],
+              enable_thinking: bool) -> str:
+        hf_messages = [
+            {"role": "assistant", "content": _SENTINEL.format(i)} if i in matched else _hf_message(m)
+            for i, m in enumerate(messages)
+        ]
+        hf_tools = [
+            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in tools
+        ] or None
+        try:
+            return self._apply(hf_messages, hf_tools, True, enable_thinking)
         except (TemplateError, ValueError, TypeError) as exc:
             raise invalid(f"the conversation cannot be rendered with the model's chat template: {exc}") from exc
-        ids: list[int] = []
-        cursor = 0
-        for i in sorted(matched):
+
+    def _splice(self, text: str, positions: list[int], matched: dict[int, SampledTurn], cursor: int,
+                ids: list[int], spans: list[tuple[int, SampledTurn]], shift: int = 0) -> _Spliced:
+        """Cuts `text` from `cursor` at the sentinel turns in `positions`,
+        appending to `ids` the text pieces' ids and the turns' stored ids."""
+        stable = len(ids) if spans else 0
+        for i in positions:
             sentinel = _SENTINEL.format(i)
             at = text.find(sentinel, cursor)
             start = text.rfind(self.header, cursor, at) if at >= 0 else -1
             end = text.find(self.turn_end_text, at + len(sentinel)) if at >= 0 else -1
             if start < 0 or end < 0:
-                raise ProxyError("invalid_request", f"message {i}: the chat template dropped an assistant turn")
+                raise ProxyError("invalid_request", f"message {i + shift}: the chat template dropped an assistant turn")
             ids += self.encode(text[cursor:start + len(self.header)])
+            spans.append((len(ids), matched[i]))
             ids += matched[i].ids
+            stable = len(ids)
             cursor = end + len(self.turn_end_text)
         last = text.rfind(self.header, cursor)
         if last < 0:
             raise invalid("the chat template did not end the prompt with an assistant header")
         ids += self.encode(text[cursor:last + len(self.header)])
         gen_tail = list(self.encode(text[last + len(self.header):]))
-        ids += gen_tail
-        assistants = sum(m.role == "assistant" for m in request.messages)
-        return Prompt(ids, gen_tail, len(matched), assistants - len(matched))
+        return _Spliced(ids + gen_tail, gen_tail, spans, stable)
+
+
+def _remember(memo: PrefixMemo, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool,
+              spliced: _Spliced, all_reused: bool) -> None:
+    """Keeps the render up to its last reused turn, when every assistant turn
+    was reused (a turn re-rendered from text may render differently later)."""
+    memo.valid = all_reused and bool(matched)
+    if not memo.valid:
+        return
+    k = max(matched)
+    memo.tools, memo.enable_thinking = request.tools, enable_thinking
+    memo.messages = request.messages[:k + 1]
+    memo.turns = {i: t.index for i, t in matched.items()}
+    memo.spans = tuple(spliced.spans)
+    memo.ids = tuple(spliced.ids[:spliced.stable])
 
 
 def _hf_message(message: Message) -> dict[str, Any]:

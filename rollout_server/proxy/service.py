@@ -4,9 +4,10 @@ and the record in the session's trajectory."""
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from legorl_jax.config import ProxyConfig
@@ -56,7 +57,7 @@ class ProxyCore:
 
     def count_tokens(self, session: Session, request: ChatRequest) -> int:
         matched = session.match_turns(request.messages)
-        return len(self.template.render(request, matched, self._thinking(session, request)).ids)
+        return len(self.template.render(request, matched, self._thinking(session, request), session.prefix).ids)
 
     def prepare(self, session: Session, request: ChatRequest, dialect: str, id_prefix: str) -> PreparedCall:
         """Everything that can refuse a call, before any byte goes back to the
@@ -64,7 +65,7 @@ class ProxyCore:
         started = time.perf_counter()
         session.check_caps()
         matched = session.match_turns(request.messages)
-        prompt = self.template.render(request, matched, self._thinking(session, request))
+        prompt = self.template.render(request, matched, self._thinking(session, request), session.prefix)
         room = self.max_context - len(prompt.ids)
         if room < 1:
             raise ProxyError(
@@ -85,8 +86,11 @@ class ProxyCore:
         """The engine call and its record. Runs to the end even when the
         harness hangs up mid-stream, so capture never stops (PITFALLS 5)."""
         session = call.session
+        sampling = call.sampling
+        if self._recompute(session, call.prompt):
+            sampling = replace(sampling, prompt_logprobs=True)
         engine_start = time.perf_counter()
-        completion = await self.engine.complete(call.prompt.ids, call.sampling)
+        completion = await self.engine.complete(call.prompt.ids, sampling)
         engine_latency = time.perf_counter() - engine_start
         ids = list(completion.token_ids)
         end_id = self.template.turn_end_id
@@ -96,6 +100,7 @@ class ProxyCore:
             self.template.decode(body), self.tool_call_format, call.request.tools,
             lambda: call.id_prefix + secrets.token_hex(12),
         )
+        retrained = _reused_sampled(call.prompt, completion.prompt_logprobs)
         # No await from here on: the record is atomic with respect to the
         # session's other calls on this event loop.
         version = session.spec.policy_version
@@ -105,6 +110,8 @@ class ProxyCore:
         )
         seq.extend(ids, [1] * len(ids), completion.logprobs)
         seq.extend(closing, [0] * len(closing), [0.0] * len(closing))
+        if not merged:  # a sequence this call opened: the reused sampled tokens are trained in it too
+            seq.train_on(*retrained)
         tail = call.prompt.gen_tail
         session.add_turn(SampledTurn(
             len(session.turns), tuple(tail + ids + closing),
@@ -119,14 +126,36 @@ class ProxyCore:
             prompt_tokens=len(call.prompt.ids), completion_tokens=len(ids),
             finish_reason=completion.finish_reason, tool_calls=len(output.tool_calls),
             parse_error=output.parse_error, reused_turns=call.prompt.reused_turns,
-            unmatched_turns=call.prompt.unmatched_turns, sampling=asdict(call.sampling),
+            unmatched_turns=call.prompt.unmatched_turns, sampling=asdict(sampling),
             policy_version=version, engine_latency_s=engine_latency,
+            incremental_render=call.prompt.incremental, recomputed_tokens=0 if merged else len(retrained[0]),
         ))
         return TurnResult(output, completion.finish_reason, len(call.prompt.ids), len(ids), index)
+
+    @staticmethod
+    def _recompute(session: Session, prompt: Prompt) -> bool:
+        """Prompt logprobs are worth asking for when the session wants them and
+        the call opens a new sequence (history rewritten) that still reuses
+        sampled turns: those tokens can then be trained in it."""
+        return (session.spec.recompute_logprobs and bool(prompt.reused_spans)
+                and session.trajectory.extendable(prompt.ids) is None)
 
     def finish(self, call: PreparedCall, result: TurnResult) -> None:
         """Stamps the end-to-end latency once the answer is rendered."""
         call.session.trajectory.calls[result.call_index].latency_s = time.perf_counter() - call.started
+
+
+def _reused_sampled(prompt: Prompt, logprobs: tuple[float | None, ...] | None) -> tuple[list[int], list[float]]:
+    """The prompt positions of the reused turns' sampled tokens, with the
+    engine's recomputed logprobs for them (none when none were asked for)."""
+    if logprobs is None:
+        return [], []
+    positions = [start + j for start, turn in prompt.reused_spans for j, trained in enumerate(turn.mask) if trained]
+    values = [logprobs[at] for at in positions]
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if len(finite) != len(values):
+        raise ProxyError("engine_unavailable", "inference engine sent no finite prompt logprob for a reused token")
+    return positions, finite
 
 
 def build_core(model_dir: str | Path, engine_url: str, *, served_model: str, max_context: int,

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from legorl_jax.config import SamplingConfig
 from rollout_server.proxy.conversation import Message, fingerprint
 from rollout_server.proxy.errors import ProxyError
-from rollout_server.proxy.render import SampledTurn
+from rollout_server.proxy.render import PrefixMemo, SampledTurn
 from rollout_server.proxy.trajectory import Trajectory
 
 
@@ -39,6 +39,10 @@ class SessionSpec(BaseModel):
     enable_thinking: bool | None = Field(
         None, description="Chat-template thinking flag; None follows the harness's request (on when it is silent)."
     )
+    recompute_logprobs: bool = Field(
+        False, description="When a call's history was rewritten (a new sequence that reuses sampled turns), also "
+        "ask the engine for the prompt's logprobs, so the reused sampled tokens are trained in the new sequence.",
+    )
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Session:
     trajectory: Trajectory = field(default_factory=Trajectory)
     turns: list[SampledTurn] = field(default_factory=list)
     calls_started: int = 0
+    prefix: PrefixMemo = field(default_factory=PrefixMemo)  # the last render, for incremental rendering
     _by_call_id: dict[str, SampledTurn] = field(default_factory=dict)
     _by_fingerprint: dict[str, list[SampledTurn]] = field(default_factory=dict)
 

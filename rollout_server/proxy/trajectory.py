@@ -17,8 +17,11 @@ a sequence opens.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+
+_INTERNAL = ("root_key", "has_tools", "has_history")  # Sequence fields the trainer does not see
 
 
 @dataclass
@@ -39,6 +42,12 @@ class Sequence:
         self.loss_mask.extend(mask)
         self.behavior_logprobs.extend(logprobs)
 
+    def train_on(self, positions: list[int], logprobs: list[float]) -> None:
+        """Turns context tokens into trained ones (loss mask 1), with the
+        behaviour logprobs the engine recomputed for them."""
+        for at, logprob in zip(positions, logprobs, strict=True):
+            self.loss_mask[at] = 1
+            self.behavior_logprobs[at] = logprob
 
 
 @dataclass
@@ -58,6 +67,8 @@ class CallRecord:
     sampling: dict[str, Any]
     policy_version: int
     engine_latency_s: float
+    incremental_render: bool = False  # the prompt was rendered from the session's memo of the last one
+    recomputed_tokens: int = 0  # reused sampled tokens trained again with recomputed (prompt) logprobs
     latency_s: float = 0.0  # filled in once the answer is rendered
 
 
@@ -71,7 +82,8 @@ class Trajectory:
     def total_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.sequences)
 
-    def _extendable(self, prompt: list[int]) -> Sequence | None:
+    def extendable(self, prompt: list[int]) -> Sequence | None:
+        """The sequence this prompt extends token-exactly, if any."""
         for seq in reversed(self.sequences):
             n = len(seq.token_ids)
             if n <= len(prompt) and prompt[:n] == seq.token_ids:
@@ -97,7 +109,7 @@ class Trajectory:
               policy_version: int) -> tuple[Sequence, bool]:
         """The sequence a call with this prompt belongs to (opened if none
         extends), with its prompt ids appended; and whether it merged."""
-        seq = self._extendable(prompt)
+        seq = self.extendable(prompt)
         if seq is not None:
             seq.extend(prompt[len(seq.token_ids):], [0] * (len(prompt) - len(seq.token_ids)),
                        [0.0] * (len(prompt) - len(seq.token_ids)))
@@ -109,8 +121,8 @@ class Trajectory:
         return seq, False
 
     def _sequence_json(self, seq: Sequence) -> dict[str, Any]:
-        out = asdict(seq)
-        del out["root_key"], out["has_tools"], out["has_history"]
+        # Shallow: asdict would deep-copy every token list just to serialise it.
+        out = {f.name: getattr(seq, f.name) for f in fields(seq) if f.name not in _INTERNAL}
         return {**out, "root_reason": self.root_reason(seq), "side": self.is_side(seq)}
 
     def _call_json(self, call: CallRecord) -> dict[str, Any]:
@@ -131,6 +143,9 @@ class Trajectory:
             "side_calls": sum(self.is_side(self.sequences[c.sequence]) for c in self.calls),
             "tool_calls": sum(c.tool_calls for c in self.calls),
             "parse_errors": sum(c.parse_error is not None for c in self.calls),
+            "incremental_renders": sum(c.incremental_render for c in self.calls),
+            "recomputed_calls": sum(c.recomputed_tokens > 0 for c in self.calls),
+            "recomputed_tokens": sum(c.recomputed_tokens for c in self.calls),
             "prompt_tokens": sum(c.prompt_tokens for c in self.calls),
             "completion_tokens": sum(c.completion_tokens for c in self.calls),
             "sequence_tokens": self.total_tokens,

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import os
 import posixpath
-import resource
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from rollout_server.sandbox import dockerfile
@@ -43,18 +41,20 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
-def _limits(spec: SandboxSpec) -> Callable[[], None]:
+def _limits(spec: SandboxSpec) -> list[str]:
+    """A `prlimit` prefix that sets the trial's resource limits on the command it runs.
+
+    Not `preexec_fn`: that forces a real fork of this (gRPC- and JAX-threaded)
+    process, and gRPC's fork handlers crash such children now and then.
+    """
     memory = spec.memory_mb * 1024 * 1024
     cpu_seconds = int(spec.wall_clock_s * max(spec.cpus, 1.0)) + 1
-
-    def apply() -> None:
-        # Runs in the child between fork and exec: only async-signal-safe work here.
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_NPROC, (spec.pids_limit, spec.pids_limit))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        raise SandboxError("the local sandbox needs prlimit (util-linux) to set resource limits")
+    return [
+        prlimit, f"--as={memory}", f"--cpu={cpu_seconds}", f"--nproc={spec.pids_limit}", "--core=0", "--",
+    ]
 
 
 class LocalSandbox:
@@ -175,7 +175,9 @@ class LocalSandbox:
         if remaining <= 0:
             return ExecResult(None, "", f"wall-clock limit of {self.spec.wall_clock_s:.0f}s reached", timed_out=True)
         budget = min(timeout, remaining)
-        argv, cwd = self._argv(as_argv(cmd), workdir or self._workdir)
+        command = as_argv(cmd)
+        argv, cwd = self._argv(command, workdir or self._workdir)
+        argv = _limits(self.spec) + argv
         full_env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
             "LANG": "C.UTF-8",
@@ -190,11 +192,10 @@ class LocalSandbox:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                preexec_fn=_limits(self.spec),
                 start_new_session=True,
             )
         except OSError as exc:
-            raise SandboxError(f"cannot run {argv[0]} in trial {self.spec.trial_id}: {exc}") from exc
+            raise SandboxError(f"cannot run {command[0]} in trial {self.spec.trial_id}: {exc}") from exc
         self._sessions.add(proc.pid)
         try:
             stdout, stderr = proc.communicate(timeout=budget)

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from legorl_jax.models.tokenizer import build_demo_tokenizer
 from rollout_server.proxy.app import build_app
 from rollout_server.proxy.engine_client import EngineClient
-from rollout_server.proxy.render import ChatTemplate
+from rollout_server.proxy.render import ChatTemplate, Prompt
 from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import SessionStore
 from .scripted_engine import ScriptedEngine, ServerThread
@@ -31,6 +31,27 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="session")
 def template(tokenizer: Any) -> ChatTemplate:
     return ChatTemplate(tokenizer)
+
+
+@pytest.fixture(autouse=True)
+def incremental_renders(template: ChatTemplate, monkeypatch: pytest.MonkeyPatch) -> list[Prompt]:
+    """Every render in every proxy test that took the incremental path is
+    checked against a full render of the same call: same ids, same reused
+    turns at the same places. Returns those renders."""
+    checked: list[Prompt] = []
+    render = template.render
+
+    def checking_render(request: Any, matched: Any, enable_thinking: bool, memo: Any = None) -> Prompt:
+        prompt = render(request, matched, enable_thinking, memo)
+        if prompt.incremental:
+            full = render(request, matched, enable_thinking)
+            assert not full.incremental and (prompt.ids, prompt.gen_tail) == (full.ids, full.gen_tail)
+            assert prompt.reused_spans == full.reused_spans
+            checked.append(prompt)
+        return prompt
+
+    monkeypatch.setattr(template, "render", checking_render)
+    return checked
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,11 @@ def fake_logprob(position: int, token_id: int) -> float:
     return -0.001 * (1 + position) - 0.0001 * (token_id % 97)
 
 
+def fake_prompt_logprob(position: int, token_id: int) -> float:
+    """What the engine 'recomputes' for prompt token `position`: unlike any sampled logprob."""
+    return -1.0 - 0.001 * position - 0.0001 * (token_id % 97)
+
+
 @dataclass
 class Scripted:
     text: str
@@ -53,13 +58,18 @@ class ScriptedEngine:
         self.down = False  # answer 500, as an engine that is failing
         self.token_id_strings = False  # omit token_ids; ids only as "token_id:<n>" logprob tokens
         self.drop_logprob = False  # one logprob short: a reply that breaks the completions contract
+        self.drop_prompt_logprob = False  # one prompt logprob short, likewise
         self.delay_s = 0.0
         # Given the decoded prompt, a reply that bypasses the script (None: use the script),
         # for side calls whose timing the test does not control.
         self.respond: Callable[[str], str | None] | None = None
+        # What `/v1/chat/completions` answers (for pass-through proxies that
+        # call the chat route, such as LiteLLM): this message, every time.
+        self.chat_message: dict[str, Any] = {"role": "assistant", "content": default}
         self._lock = threading.Lock()
         self.app = Starlette(routes=[
             Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/health", self._health, methods=["GET"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/tokenize", self._tokenize, methods=["POST"]),
@@ -74,8 +84,10 @@ class ScriptedEngine:
         self.down = False
         self.token_id_strings = False
         self.drop_logprob = False
+        self.drop_prompt_logprob = False
         self.delay_s = 0.0
         self.respond = None
+        self.chat_message = {"role": "assistant", "content": self.default.text}
 
     def completion_ids(self, item: Scripted, max_tokens: int) -> list[int]:
         ids = self.tokenizer.encode(item.text, add_special_tokens=False)
@@ -104,6 +116,12 @@ class ScriptedEngine:
         }
         if not self.token_id_strings:
             choice["token_ids"] = ids
+        if body.get("prompt_logprobs") is not None:  # vLLM's shape: None first, then {id: {logprob, ...}}
+            prompt = body["prompt"]
+            choice["prompt_token_ids"] = prompt
+            entries = [{str(t): {"logprob": fake_prompt_logprob(i, t), "rank": 1, "decoded_token": ""}}
+                       for i, t in enumerate(prompt) if i > 0]
+            choice["prompt_logprobs"] = [None, *entries][: len(prompt) - self.drop_prompt_logprob]
         reply = {"id": "cmpl-scripted", "object": "text_completion", "created": int(time.time()),
                  "model": body.get("model"), "choices": [choice],
                  "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)}}
@@ -111,6 +129,16 @@ class ScriptedEngine:
         self.log.bodies.append(body)
         self.log.replies.append({"token_ids": ids, "logprobs": logprobs})
         return JSONResponse(reply)
+
+    async def _chat(self, request: Request) -> Response:
+        body = await request.json()
+        message = self.chat_message
+        return JSONResponse({
+            "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model"), "choices": [{
+                "index": 0, "message": message, "logprobs": None,
+                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
     async def _health(self, request: Request) -> Response:
         return Response(status_code=500 if self.down else 200)

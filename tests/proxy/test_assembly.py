@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
-from .scripted_engine import Scripted, ScriptedEngine
+from .scripted_engine import Scripted, ScriptedEngine, fake_prompt_logprob
 from .test_openai_chat import BASH, assert_captured, call_text
 
 
@@ -105,3 +106,59 @@ def test_repeated_identical_answers_map_to_their_own_turns(proxy: Any, engine: S
     traj = proxy.trajectory(key)
     assert traj["metrics"]["merged_ratio"] == 2 / 3 and len(traj["sequences"]) == 1
     assert_captured(traj["sequences"][0], engine)
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_rewritten_history_recomputes_logprobs_of_reused_turns(proxy: Any, engine: ScriptedEngine,
+                                                               recompute: bool) -> None:
+    key = proxy.new_session(recompute_logprobs=recompute)["key"]
+    engine.push("First.", "Second.", "Third.")
+    chat(proxy, key, [{"role": "user", "content": "q"}])
+    history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "First."},
+               {"role": "user", "content": "q2"}]
+    chat(proxy, key, history)
+    # The harness edits an earlier user message (a compaction): both sampled turns come back intact.
+    history[2]["content"] = "q2, shortened"
+    chat(proxy, key, [*history, {"role": "assistant", "content": "Second."}, {"role": "user", "content": "q3"}])
+    assert ["prompt_logprobs" in b for b in engine.log.bodies] == [False, False, recompute]
+    traj = proxy.trajectory(key)
+    assert [s["root_reason"] for s in traj["sequences"]] == ["first_call", "history_rewritten"]
+    assert traj["calls"][2]["reused_turns"] == 2
+    reused = engine.log.replies[0]["token_ids"] + engine.log.replies[1]["token_ids"]
+    assert traj["metrics"]["recomputed_tokens"] == (len(reused) if recompute else 0)
+    assert traj["metrics"]["recomputed_calls"] == int(recompute)
+    new = traj["sequences"][1]
+    trained = [(at, t, lp) for at, (t, m, lp) in enumerate(zip(new["token_ids"], new["loss_mask"],
+                                                               new["behavior_logprobs"])) if m]
+    own = [(t, lp) for t, lp in zip(engine.log.replies[2]["token_ids"], engine.log.replies[2]["logprobs"])]
+    prompt_len = len(engine.log.prompts[2])
+    assert [(t, lp) for at, t, lp in trained if at >= prompt_len] == own
+    earlier = [(at, t, lp) for at, t, lp in trained if at < prompt_len]
+    # With recompute: the reused sampled tokens, in order, with the engine's prompt logprobs at their positions.
+    assert [t for _, t, _ in earlier] == (reused if recompute else [])
+    assert all(lp == fake_prompt_logprob(at, t) for at, t, lp in earlier)
+    # The first sequence still holds them with their sampling-time logprobs.
+    assert_captured(traj["sequences"][0], _only(engine, 2))
+
+
+def test_short_prompt_logprobs_are_a_503_and_the_session_goes_on(proxy: Any, engine: ScriptedEngine) -> None:
+    key = proxy.new_session(recompute_logprobs=True)["key"]
+    engine.push("First.", "Second.", "Third.")
+    chat(proxy, key, [{"role": "user", "content": "q"}])
+    rewritten = [{"role": "user", "content": "q, edited"}, {"role": "assistant", "content": "First."},
+                 {"role": "user", "content": "q2"}]
+    engine.drop_prompt_logprob = True
+    reply = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                       json={"model": "m", "messages": rewritten}, timeout=30)
+    assert reply.status_code == 503 and "prompt logprobs" in reply.json()["error"]["message"]
+    engine.drop_prompt_logprob = False
+    chat(proxy, key, rewritten)
+    traj = proxy.trajectory(key)
+    assert len(traj["calls"]) == 2 and traj["calls"][1]["recomputed_tokens"] == len(engine.log.replies[0]["token_ids"])
+
+
+def _only(engine: ScriptedEngine, calls: int) -> ScriptedEngine:
+    """The engine as it was after its first `calls` calls, for assert_captured."""
+    view = ScriptedEngine(engine.tokenizer)
+    view.log.replies = engine.log.replies[:calls]
+    return view

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -70,3 +71,53 @@ def test_string_input_instructions_and_errors(proxy: Any, engine: ScriptedEngine
     with pytest.raises(openai.BadRequestError) as bad:
         client.responses.create(model="policy", input=[{"type": "mystery_item"}])  # type: ignore[list-item]
     assert "mystery_item" in bad.value.body["message"]
+
+
+# As Codex 0.17x sent them (trimmed): a `namespace` tool grouping sub-agent functions
+# beside plain ones, and a namespaced call coming back with its `namespace`.
+CODEX_TOOLS = [
+    {"type": "function", "name": "exec_command", "description": "Runs a command in a PTY.", "strict": False,
+     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"],
+                    "additionalProperties": False}},
+    {"type": "namespace", "name": "multi_agent_v1", "description": "Tools for spawning and managing sub-agents.",
+     "tools": [{"type": "function", "name": "close_agent", "description": "Close an agent.", "strict": False,
+                "parameters": {"type": "object", "properties": {"target": {"type": "string"}},
+                               "required": ["target"], "additionalProperties": False}},
+               {"type": "function", "name": "exec_command", "description": "Run in an agent.", "strict": False,
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]},
+    {"type": "web_search", "external_web_access": True},
+]
+
+
+def test_namespace_tools_as_codex_sends_them(proxy: Any, engine: ScriptedEngine, template: Any) -> None:
+    session = proxy.new_session()
+    engine.push(call_text("close_agent", {"target": "a1"}),
+                call_text("multi_agent_v1.exec_command", {"cmd": "ls"}), "Done.")
+    items: list[dict[str, Any]] = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tidy up."}]}]
+    for expected, args in ((("multi_agent_v1", "close_agent"), {"target": "a1"}),
+                           (("multi_agent_v1", "exec_command"), {"cmd": "ls"})):
+        reply = httpx.post(f"{session['urls']['openai']}/responses", headers={"authorization": f"Bearer {session['key']}"},
+                           json={"model": "policy", "input": items, "tools": CODEX_TOOLS, "store": False}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        reasoning, call = reply.json()["output"]
+        # Codex dispatches a namespaced tool only when the call names its namespace.
+        assert (call["namespace"], call["name"]) == expected and json.loads(call["arguments"]) == args
+        items += [reasoning, {"type": "function_call", "status": "completed", "id": call["id"], "name": call["name"],
+                              "namespace": call["namespace"], "arguments": call["arguments"], "call_id": call["call_id"]},
+                  {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}]
+    prompt = template.decode(engine.log.prompts[0])
+    # Unique inner names stay bare; the inner exec_command would clash with the top-level one.
+    assert '"name": "close_agent"' in prompt and '"name": "multi_agent_v1.exec_command"' in prompt
+    assert '"name": "exec_command"' in prompt and "web_search" not in prompt
+    reply = httpx.post(f"{session['urls']['openai']}/responses", headers={"authorization": f"Bearer {session['key']}"},
+                       json={"model": "policy", "input": items, "tools": CODEX_TOOLS, "store": False}, timeout=30)
+    assert reply.json()["output"][0]["content"][0]["text"] == "Done."
+    traj = proxy.trajectory(session["key"])
+    assert [c["merged"] for c in traj["calls"]] == [False, True, True] and [c["reused_turns"] for c in traj["calls"]] == [0, 1, 2]
+    assert_captured(traj["sequences"][0], engine)
+    bad = httpx.post(f"{session['urls']['openai']}/responses", headers={"authorization": f"Bearer {session['key']}"},
+                     json={"model": "policy", "input": "x", "tools": [
+                         {"type": "namespace", "name": "n", "tools": [{"type": "namespace", "name": "m", "tools": []}]}]})
+    assert bad.status_code == 400 and "tools[0].tools[0].type" in bad.json()["error"]["message"]

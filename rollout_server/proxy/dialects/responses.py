@@ -1,12 +1,15 @@
 """OpenAI Responses (`POST /v1/responses`), stateless as Codex uses it: no
 `previous_response_id`, the system prompt as developer messages, reasoning
 items whose `encrypted_content` comes back next turn, function and custom
-(freeform) tools, tools grouped in namespaces."""
+(freeform) tools, tools grouped in namespaces (calls to them name the
+namespace, as Codex requires)."""
 
 from __future__ import annotations
 
 import base64
+from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rollout_server.proxy import sse
@@ -39,33 +42,63 @@ def _decode_reasoning(item: dict[str, Any]) -> str | None:
     return "".join(texts) or None
 
 
-def _tools(raw: Any, where: str = "tools") -> tuple[list[ToolSpec], set[str]]:
-    """Function specs, and the names of freeform (custom) tools, whose calls
-    carry one string `input`."""
-    specs: list[ToolSpec] = []
-    custom: set[str] = set()
-    for at, tool in each_object(raw, where):
-        kind = tool.get("type")
-        if kind == "function":
-            specs.append(tool_spec(tool.get("name"), tool.get("description"), tool.get("parameters"), at))
-        elif kind == "custom":
-            specs.append(tool_spec(tool.get("name"), tool.get("description"), _FREEFORM_INPUT, at))
-            custom.add(tool["name"])
-        elif kind == "namespace":
-            inner, inner_custom = _tools(tool.get("tools"), f"{at}.tools")
-            specs += inner
-            custom |= inner_custom
-        elif kind not in _SKIPPED_TOOLS:
-            raise invalid(f"{at}.type: unsupported tool type {kind!r}")
-    return specs, custom
+@dataclass
+class _ToolSet:
+    """The tools as the model sees them. A `namespace` tool groups functions
+    that Codex dispatches only when a call names the namespace too (observed:
+    a bare call is answered "unsupported call"). The model sees each inner
+    tool by its own name, qualified as `namespace.name` only where two tools
+    would share a name."""
+
+    specs: list[ToolSpec] = field(default_factory=list)
+    custom: set[str] = field(default_factory=set)  # freeform tools: calls carry one string `input`
+    wire: dict[str, tuple[str, str]] = field(default_factory=dict)  # model's name -> (namespace, name)
+
+    def model_name(self, name: str, namespace: str | None) -> str:
+        """The model's name for a call the harness sends back."""
+        if namespace is None:
+            return name
+        return next((shown for shown, key in self.wire.items() if key == (namespace, name)), name)
+
+
+def _tool_set(raw: Any) -> _ToolSet:
+    found: list[tuple[str | None, ToolSpec, bool]] = []  # (namespace, spec, freeform)
+
+    def collect(items: Any, where: str, namespace: str | None) -> None:
+        for at, tool in each_object(items, where):
+            kind = tool.get("type")
+            if kind == "function":
+                found.append((namespace, tool_spec(tool.get("name"), tool.get("description"),
+                                                   tool.get("parameters"), at), False))
+            elif kind == "custom":
+                found.append((namespace, tool_spec(tool.get("name"), tool.get("description"), _FREEFORM_INPUT, at),
+                              True))
+            elif kind == "namespace" and namespace is None:
+                expect_type(tool.get("name"), str, f"{at}.name")
+                collect(tool.get("tools"), f"{at}.tools", tool["name"])
+            elif kind not in _SKIPPED_TOOLS or namespace is not None:
+                raise invalid(f"{at}.type: unsupported tool type {kind!r}")
+
+    collect(raw, "tools", None)
+    names = Counter(spec.name for _, spec, _ in found)
+    tools = _ToolSet()
+    for namespace, spec, freeform in found:
+        shown = spec.name if namespace is None or names[spec.name] == 1 else f"{namespace}.{spec.name}"
+        tools.specs.append(replace(spec, name=shown))
+        if freeform:
+            tools.custom.add(shown)
+        if namespace is not None:
+            tools.wire[shown] = (namespace, spec.name)
+    return tools
 
 
 class _Builder:
     """Folds input items into messages; consecutive assistant-side items
     (reasoning, assistant text, calls) form one assistant turn."""
 
-    def __init__(self) -> None:
+    def __init__(self, tools: _ToolSet) -> None:
         self.messages: list[Message] = []
+        self.tools = tools
 
     def _turn(self, starts_new: Callable[[Message], bool]) -> Message:
         """The open assistant turn, or a new one when there is none or
@@ -95,9 +128,11 @@ class _Builder:
             thinking = self._turn(lambda turn: bool(turn.tool_calls or turn.content or turn.reasoning))
             thinking.reasoning = _decode_reasoning(item)
         elif kind in ("function_call", "custom_tool_call"):
-            call_id, name = item.get("call_id"), item.get("name")
+            call_id, name, namespace = item.get("call_id"), item.get("name"), item.get("namespace")
             expect_type(call_id, str, f"{where}.call_id")
             expect_type(name, str, f"{where}.name")
+            expect_type(namespace, (str, type(None)), f"{where}.namespace")
+            name = self.tools.model_name(name, namespace)
             if kind == "function_call":
                 args = parse_arguments(item.get("arguments", "{}"))
             else:
@@ -122,12 +157,15 @@ def _items(result: TurnResult, request: ChatRequest) -> list[dict[str, Any]]:
     if out.content or not out.tool_calls:
         items.append({"type": "message", "id": new_id("msg_"), "role": "assistant", "status": "completed",
                       "content": [{"type": "output_text", "text": out.content, "annotations": [], "logprobs": []}]})
+    tools: _ToolSet = request.options["tools"]
     for call in out.tool_calls:
-        if call.name in request.options["custom_tools"] and isinstance(call.arguments, dict):
-            items.append({"type": "custom_tool_call", "id": new_id("ctc_"), "call_id": call.id, "name": call.name,
+        namespace, name = tools.wire.get(call.name, (None, call.name))
+        where = {"name": name} if namespace is None else {"namespace": namespace, "name": name}
+        if call.name in tools.custom and isinstance(call.arguments, dict):
+            items.append({"type": "custom_tool_call", "id": new_id("ctc_"), "call_id": call.id, **where,
                           "input": str(call.arguments.get("input", "")), "status": "completed"})
         else:
-            items.append({"type": "function_call", "id": new_id("fc_"), "call_id": call.id, "name": call.name,
+            items.append({"type": "function_call", "id": new_id("fc_"), "call_id": call.id, **where,
                           "arguments": arguments_json(call.arguments), "status": "completed"})
     return items
 
@@ -166,7 +204,8 @@ class Responses:
 
     def parse(self, body: Any, params: dict[str, str]) -> ChatRequest:
         expect_type(body, dict, "request body")
-        builder = _Builder()
+        tools = _tool_set(body.get("tools"))
+        builder = _Builder(tools)
         instructions = body.get("instructions")
         if instructions is not None:
             expect_type(instructions, str, "instructions")
@@ -180,15 +219,14 @@ class Responses:
                 builder.add(item, f"input[{i}]")
         if not any(m.role != "system" for m in builder.messages):
             raise invalid("input: must hold at least one message")
-        tools, custom = _tools(body.get("tools"))
         model = model_name(body)
         reasoning = body.get("reasoning")
         effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
         return ChatRequest(
-            messages=builder.messages, tools=[] if body.get("tool_choice") == "none" else tools, model=model,
+            messages=builder.messages, tools=[] if body.get("tool_choice") == "none" else tools.specs, model=model,
             stream=bool(body.get("stream")), max_tokens=optional_int(body, "max_output_tokens"),
             enable_thinking=False if effort == "none" else None,
-            options={"id": new_id("resp_"), "custom_tools": custom, "created": now()},
+            options={"id": new_id("resp_"), "tools": tools, "created": now()},
         )
 
     def _response(self, request: ChatRequest, output: list[dict[str, Any]],
