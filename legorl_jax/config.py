@@ -146,6 +146,21 @@ class ProxyConfig(Strict):
     tool_call_format: Literal["hermes", "qwen3_coder"] = "hermes"
 
 
+class HarnessToolsConfig(Strict):
+    """Harness CLIs installed on this host (scripts/setup), mounted read-only into Docker sandboxes,
+    which reach no registry to install them from. Unset: CLI harnesses need CLIs baked into the task image."""
+
+    npm_dir: str | None = Field(
+        None, description="npm prefix whose node_modules/.bin holds the npm harness CLIs (setup: .cache/harness-cli)."
+    )
+    node: str | None = Field(None, description="Host node binary for CLIs that are node scripts; None: node on PATH.")
+    pip_venvs: list[str] = Field(
+        [],
+        description="Virtualenvs of the pip harnesses (setup: .cache/mini-venv), each made from a relocatable "
+        "Python (pyenv, python-build-standalone), which is mounted too: the sandbox's python3 plays no part.",
+    )
+
+
 class SandboxConfig(Strict):
     kind: Literal["auto", "docker", "local"] = Field(
         "auto", description="auto: Docker when a daemon answers, else the local (unisolated) sandbox."
@@ -154,6 +169,7 @@ class SandboxConfig(Strict):
     memory_mb: int = Field(2048, gt=0)
     pids_limit: int = Field(512, gt=0)
     network: Literal["proxy_only", "none"] = "proxy_only"
+    harness_tools: HarnessToolsConfig = HarnessToolsConfig()
 
 
 class HarnessSpec(Strict):
@@ -170,10 +186,12 @@ class DemoVariantsConfig(Strict):
     """Which generated demo tasks exist (see rollout_server/demo_families.py)."""
 
     families: list[str] = Field(
-        ["write-word", "count-word", "add-setting", "move-file"], min_length=1, description="Task families."
+        ["write-word", "count-word", "add-setting", "move-file", "count-errors", "count-lines"],
+        min_length=1,
+        description="Task families.",
     )
     train_per_family: int = Field(20, gt=0, description="Slot combinations per family that train.")
-    eval_per_family: int = Field(4, ge=0, description="Held-out slot combinations per family that evaluate.")
+    eval_per_family: int = Field(3, ge=0, description="Held-out slot combinations per family that evaluate.")
     seed: int = Field(0, description="Seed of the train/held-out split.")
 
 

@@ -20,7 +20,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -72,6 +72,13 @@ def wrong(why):
 
 """
 
+_COUNT_CHECK = """path = Path(EXPECT["path"])
+if not path.is_file():
+    wrong(f"{path} is missing")
+if path.read_text().strip() != str(EXPECT["count"]):
+    wrong(f"{path} does not hold {EXPECT['count']}")
+"""
+
 _CHECKS = {
     "write-word": """path = Path(EXPECT["path"])
 if not path.is_file():
@@ -79,12 +86,9 @@ if not path.is_file():
 if path.read_text().strip() != EXPECT["word"]:
     wrong(f"{path} does not hold exactly {EXPECT['word']}")
 """,
-    "count-word": """path = Path(EXPECT["path"])
-if not path.is_file():
-    wrong(f"{path} is missing")
-if path.read_text().strip() != str(EXPECT["count"]):
-    wrong(f"{path} does not hold {EXPECT['count']}")
-""",
+    "count-word": _COUNT_CHECK,
+    "count-errors": _COUNT_CHECK,
+    "count-lines": _COUNT_CHECK,
     "add-setting": """if Path("/app/settings.conf").read_text() != EXPECT["content"]:
     wrong("settings.conf differs from the expected content")
 """,
@@ -104,10 +108,14 @@ for name in EXPECT["others"]:
 class Family:
     name: str
     description: str
-    environment: Mapping[str, str]  # path under environment/app -> content
+    # Path under environment/app -> content: one mapping for every variant, or one per variant (a new image each).
+    environment: Mapping[str, str] | Callable[[Mapping[str, str]], Mapping[str, str]]
     slots: Mapping[str, tuple[str, ...]]
     instruction: str
     solution: str
+
+    def environment_for(self, slots: Mapping[str, str]) -> Mapping[str, str]:
+        return self.environment(slots) if callable(self.environment) else self.environment
 
     def variants(self) -> list[dict[str, str]]:
         names = list(self.slots)
@@ -131,7 +139,39 @@ def _expectation(family: str, slots: Mapping[str, str]) -> dict[str, object]:
             "content": _INBOX[name],
             "others": sorted(set(_INBOX) - {name}),
         }
+    if family == "count-errors":
+        return {"path": "/app/errors.txt", "count": _log_lines(slots["seed"]).count("ERROR")}
+    if family == "count-lines":
+        return {"path": "/app/lines.txt", "count": len(_csv_rows(slots["seed"]))}
     raise KeyError(family)
+
+
+# Content families: every variant has the same instruction and a different
+# environment, so a held-out variant asks the same question of data never seen.
+_LEVELS = ("INFO", "INFO", "WARN", "ERROR", "DEBUG")
+_EVENTS = ("request served", "cache miss", "disk slow", "user login", "job done", "retrying")
+_SEEDS = tuple(str(i) for i in range(24))
+
+
+def _log_lines(seed: str) -> list[str]:
+    """The level of each line of the seed's log (the messages never contain a level word)."""
+    rng = random.Random(f"log/{seed}")
+    return [rng.choice(_LEVELS) for _ in range(rng.randint(8, 24))]
+
+
+def _log_text(slots: Mapping[str, str]) -> dict[str, str]:
+    rng = random.Random(f"log-text/{slots['seed']}")
+    lines = [f"12:{i:02d}:07 {level} {rng.choice(_EVENTS)}" for i, level in enumerate(_log_lines(slots["seed"]))]
+    return {"app.log": "".join(f"{line}\n" for line in lines)}
+
+
+def _csv_rows(seed: str) -> list[str]:
+    rng = random.Random(f"csv/{seed}")
+    return [f"{rng.randint(1, 99)},{rng.choice(WORDS)}" for _ in range(rng.randint(5, 30))]
+
+
+def _csv_text(slots: Mapping[str, str]) -> dict[str, str]:
+    return {"data.csv": "".join(f"{row}\n" for row in _csv_rows(slots["seed"]))}
 
 
 # Slot values appear in the instruction exactly as the command spells them (a
@@ -163,6 +203,22 @@ FAMILIES: dict[str, Family] = {
             {"key": ("color", "size", "mode", "level", "theme", "speed"), "value": ("blue", "large", "slow", "high")},
             "Add the line {key}={value} at the end of /app/settings.conf and keep the other lines.",
             "echo {key}={value} >> /app/settings.conf",
+        ),
+        Family(
+            "count-errors",
+            "Count the ERROR lines of a log.",
+            _log_text,
+            {"seed": _SEEDS},
+            "Count the lines of /app/app.log that contain ERROR and write the number to /app/errors.txt only.",
+            "grep -c ERROR /app/app.log > /app/errors.txt",
+        ),
+        Family(
+            "count-lines",
+            "Count the lines of a CSV file.",
+            _csv_text,
+            {"seed": _SEEDS},
+            "Write the number of lines in /app/data.csv to /app/lines.txt only.",
+            "wc -l < /app/data.csv > /app/lines.txt",
         ),
         Family(
             "move-file",
@@ -204,7 +260,7 @@ class Variant:
             "tests/test.sh": TEST_SH,
             "tests/check.py": _CHECK_HEAD.format(expect=expect) + _CHECKS[family.name],
         }
-        files.update({f"environment/app/{path}": text for path, text in family.environment.items()})
+        files.update({f"environment/app/{path}": text for path, text in family.environment_for(self.slots).items()})
         return files
 
 

@@ -23,6 +23,7 @@ from legorl_jax.grpc_auth import server_security
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient
 from rollout_server.backends.launch import ManagedEngine, start_engine
+from rollout_server.harnesses.tools import HarnessTools
 from rollout_server.proxy.app import build_app
 from rollout_server.proxy.engine_client import EngineClient as ProxyEngineClient
 from rollout_server.proxy.service import build_core
@@ -68,12 +69,14 @@ class RolloutServer:
         self._factory: SandboxFactory | None = None
         self._clients: list[EngineClient | ProxyEngineClient] = []
         self._weights_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._tools: HarnessTools | None = None
 
     async def start(self) -> str:
         """Returns the gRPC address the server listens on."""
         cfg = self.config
         security = server_security(cfg.fleet.security)  # before the engine: a bad secret fails in a second
         tasks = server_tasks(cfg)
+        self._tools = HarnessTools.from_config(cfg.sandbox.harness_tools)  # a bad path fails before the engine starts
         self.engine = await asyncio.to_thread(start_engine, cfg.engine, self.model_dir)
         engine = self.engine.client()
         self._clients.append(engine)
@@ -97,7 +100,10 @@ class RolloutServer:
         self._proxy = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         self._proxy_task = asyncio.create_task(self._proxy.serve(sockets=sockets))
 
-        host = TrialHost(self._factory, core.store, proxy_port, served, policy_version=0, engine_healthy=engine.healthy)
+        host = TrialHost(
+            self._factory, core.store, proxy_port, served, policy_version=0, engine_healthy=engine.healthy,
+            harness_tools=self._tools,
+        )
         limits = ServiceLimits(
             capacity=cfg.fleet.capacity_per_server,
             agent_timeout_s=cfg.fleet.agent_timeout_s,
@@ -140,6 +146,8 @@ class RolloutServer:
             await asyncio.to_thread(self.engine.stop)
         if self._weights_dir is not None:
             self._weights_dir.cleanup()
+        if self._tools is not None:
+            self._tools.close()
 
     async def serve_forever(self, grace_s: float = 300.0) -> None:
         """Runs until SIGTERM or SIGINT, then drains: in-flight trials finish or are reported."""

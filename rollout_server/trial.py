@@ -20,9 +20,18 @@ from pathlib import Path
 from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.harnesses import HarnessContext, get_harness
 from rollout_server.harnesses.base import CliHarness, Harness, HarnessOptions, InProcessHarness
+from rollout_server.harnesses.tools import HarnessTools
 from rollout_server.proxy.session import SessionSpec, SessionStore
 from rollout_server.proxy.trajectory import Trajectory as Capture
-from rollout_server.sandbox import AGENT_USER, ROOT_USER, Sandbox, SandboxError, SandboxFactory, spec_for_task
+from rollout_server.sandbox import (
+    AGENT_USER,
+    ROOT_USER,
+    Sandbox,
+    SandboxError,
+    SandboxFactory,
+    SandboxSpec,
+    spec_for_task,
+)
 from rollout_server.tasks import Task
 from rollout_server.verifier import Verdict, verify
 
@@ -51,6 +60,8 @@ class TrialHost:
     policy_version: int
     # Asked when a harness fails, to tell a dead engine from a broken harness.
     engine_healthy: Callable[[], Awaitable[bool]] | None = None
+    # The host's harness CLIs, mounted read-only into CLI-harness sandboxes; None: the image must carry them.
+    harness_tools: HarnessTools | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +103,7 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
     sandbox: Sandbox | None = None
     started = time.monotonic()
     try:
-        sandbox = host.sandboxes.create(spec_for_task(spec.task, spec.trial_id, wall_clock_s=_wall(spec)))
+        sandbox = host.sandboxes.create(_sandbox_spec(host, harness, spec))
         await asyncio.to_thread(sandbox.start)
         times.setup_s = time.monotonic() - started
 
@@ -157,7 +168,28 @@ def _wall(spec: TrialSpec) -> float:
     return spec.agent_timeout_s + spec.verifier_timeout_s + 120.0
 
 
+def _sandbox_spec(host: TrialHost, harness: Harness, spec: TrialSpec) -> SandboxSpec:
+    sandbox_spec = spec_for_task(spec.task, spec.trial_id, wall_clock_s=_wall(spec))
+    # Only a container can mount; the local sandbox shares the host's files, where the CLIs are on PATH.
+    if not isinstance(harness, CliHarness) or host.harness_tools is None or host.sandboxes.kind != "docker":
+        return sandbox_spec
+    tools = host.harness_tools.provision(harness.install_spec(spec.options))
+    return dataclasses.replace(sandbox_spec, tool_mounts=tools.mounts, path_prefix=tools.path)
+
+
 async def _run_agent(
+    harness: Harness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
+) -> tuple[int, str, dict[str, float]]:
+    try:
+        return await _drive(harness, sandbox, host, spec, key)
+    except SandboxError:
+        raise  # the environment broke under the harness: ungraded, not the harness's fault
+    except Exception as exc:  # a bug in the harness's own code is a harness error, not a server fault
+        log.warning("trial %s: harness %s raised", spec.trial_id, harness.name, exc_info=True)
+        return pb.TRIAL_STATUS_HARNESS_ERROR, f"{harness.name} raised {exc!r}"[:1000], {}
+
+
+async def _drive(
     harness: Harness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
 ) -> tuple[int, str, dict[str, float]]:
     if isinstance(harness, InProcessHarness):
@@ -184,9 +216,14 @@ def _run_cli(
     harness: CliHarness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
 ) -> tuple[int, str, dict[str, float]]:
     install = harness.install_spec(spec.options)
-    if not sandbox.exec(install.check_argv(), timeout=60, user=AGENT_USER).ok:
+    check = sandbox.exec(install.check_argv(), timeout=60, user=AGENT_USER)
+    if not check.ok:
         # Sandboxes reach nothing but the proxy, so a harness cannot be installed at trial time.
-        raise SandboxError(f"{install.requirement()} is not installed in the task image")
+        detail = (check.stderr or check.stdout).strip()[-300:] or f"exit code {check.exit_code}"
+        raise SandboxError(
+            f"{install.requirement()} does not run in the sandbox ({detail}); bake it into the task image "
+            "or mount the host's install (sandbox.harness_tools)"
+        )
     ctx = HarnessContext(
         session_url=f"http://{sandbox.proxy_host}:{host.proxy_port}/s/{key}",
         api_key=key,

@@ -78,9 +78,13 @@ class DemoModelSpec(BaseModel):
     harnesses: tuple[dict[str, Any], ...] = Field(
         (), description="lego options per configuration; empty takes configs/demo.yaml's harness_mix."
     )
-    # One working plan and the weak teacher's habit, equally often: the warm start
-    # acts on about half of its episodes (see demonstrations.PLANS).
+    # One working plan and the weak teacher's habit (see demonstrations.PLANS).
     plans: tuple[str, ...] = ("direct", "describe")
+    plan_repeats: dict[str, int] = Field(
+        {"describe": 2},
+        description="Copies of each plan's demonstrations in the SFT data (default 1): with the habit twice as "
+        "often as the working plan, the warm start acts on about a third of its episodes.",
+    )
     sft: SFTConfig = SFTConfig()
 
 
@@ -175,7 +179,8 @@ def build_demo_model(
         seed=spec.seed, tokenizer_dir=tokenizer_dir,
     )
     model = from_hf(init_dir)
-    data = prepare(demos, _token_id(tokenizer_dir, ENDOFTEXT), max_len=spec.max_context)
+    weighted = [demo for demo in demos for _ in range(spec.plan_repeats.get(demo.plan, 1))]
+    data = prepare(weighted, _token_id(tokenizer_dir, ENDOFTEXT), max_len=spec.max_context)
     initial = evaluate(model, data)
     with _progress_bar(spec.sft.max_steps, progress) as bar:
 

@@ -30,6 +30,7 @@ from legorl_jax.fleet import Fleet, GroupResult, GroupSpec
 from legorl_jax.train.assemble import assemble, is_informative, rollout_metrics
 from legorl_jax.train.groups import GroupSampler, HarnessChoice, harness_choice
 from legorl_jax.train.publish import DirectoryPublisher, WeightSubscribers, publish_weights
+from legorl_jax.train.rollout_log import RolloutLog
 from legorl_jax.train.run_log import RunLog
 from protos.legorl.v1 import rollout_pb2 as pb
 
@@ -64,6 +65,7 @@ class Trainer:
         self.progress = config.logging.progress if progress is None else progress
         self.version = 0
         self.step = 0
+        self.rollouts: RolloutLog | None = None  # set by run(); `legorl eval` keeps no rollout log
 
     # ---------------------------------------------------------------- setup --
 
@@ -152,6 +154,8 @@ class Trainer:
         specs = [self._spec(task, choice, 1) for task in eval_ids for choice in choices]
         groups = [g async for g in fleet.rollout(specs)]
         metrics = rollout_metrics(groups)
+        if self.rollouts is not None:
+            self.rollouts.write(self.step, "eval", [t for g in groups for t in g.trajectories])
         out = {"eval_pass_rate": metrics.get("pass_rate", 0.0), "eval_reward": metrics.get("reward/mean", 0.0)}
         out.update({f"eval_{k}": v for k, v in metrics.items() if k.startswith("pass_rate/")})
         return out
@@ -181,6 +185,7 @@ class Trainer:
             sampler.restore(restored.cursor.get("sampler", {}))
             log.info("resumed from checkpoint at step %d (policy version %d)", self.step, self.version)
         runlog = RunLog(self.run_dir, resume_step=self.step, tensorboard=cfg.logging.tensorboard)
+        self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=self.step)
         weights_dir = cfg.fleet.weights_dir or self.run_dir / "weights"
         # The engines sample in the learner's compute dtype: publishing in it halves the bytes of f32 masters.
         publisher = DirectoryPublisher(weights_dir, keep=3, tokenizer_from=model_dir, dtype=cfg.model.compute_dtype)
@@ -279,6 +284,7 @@ class Trainer:
                     / max(batch.rollout_s, 1e-9),
                 }
                 runlog.write(record)
+                self.rollouts.write(self.step, "train", [t for g in batch.groups for t in g.trajectories])
                 runlog.show(record, progress.write)
                 progress.update(1)
                 progress.set_postfix(reward=f"{record.get('reward/mean', 0.0):.3f}")

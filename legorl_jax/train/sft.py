@@ -43,9 +43,10 @@ class SFTConfig(BaseModel):
         24, gt=0, description="(task, configuration) groups the stopping check estimates on: a seeded sample, "
         "since a forward pass over every demonstration costs as much as many training steps."
     )
-    # The estimate is a lower bound: the demo build stopped at 0.22 and then passed 14 of 32 sampled episodes.
+    # The estimate is a lower bound (other episodes pass too). The demo's warm start imitates a teacher that
+    # acts a third of the time, so its estimate cannot pass 1/3: 0.25 means it copies the task's values well.
     target_pass: float = Field(
-        0.35, gt=0, le=1, description="Stop once the estimated temperature-1 episode pass rate reaches this."
+        0.25, gt=0, le=1, description="Stop once the estimated temperature-1 episode pass rate reaches this."
     )
     seed: int = 0
 

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 # Imported for their @register_harness side effect.
-from . import claude_code, codex, gemini_cli, lego, mini_swe_agent, opencode, qwen_code  # noqa: F401
+from . import claude_code, codex, gemini_cli, lego, mini_swe_agent, opencode, openhands, qwen_code  # noqa: F401
 from .base import (
     CliHarness,
     Dialect,

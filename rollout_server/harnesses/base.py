@@ -94,6 +94,8 @@ class InstallSpec:
     package: str = ""
     version: str = ""  # an npm range ("2.1.x") or a pip specifier (">=2.4,<2.5")
     binary: str = ""
+    # Arguments that make `binary` exit 0 without doing work (not every CLI has --version).
+    check_args: tuple[str, ...] = ("--version",)
 
     def requirement(self) -> str:
         if self.kind == "npm":
@@ -110,7 +112,7 @@ class InstallSpec:
 
     def check_argv(self) -> list[str]:
         """A command that exits 0 once the harness is installed."""
-        return [self.binary, "--version"] if self.binary else []
+        return [self.binary, *self.check_args] if self.binary else []
 
 
 @dataclass(frozen=True)

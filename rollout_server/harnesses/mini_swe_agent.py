@@ -35,7 +35,7 @@ class MiniSweAgentOptions(CliOptions):
 class MiniSweAgent(CliHarness):
     Options: ClassVar[type[HarnessOptions]] = MiniSweAgentOptions
     install: ClassVar[InstallSpec] = InstallSpec(
-        kind="pip", package="mini-swe-agent", version=">=2.4,<2.5", binary="mini"
+        kind="pip", package="mini-swe-agent", version=">=2.4,<2.5", binary="mini", check_args=("--help",)
     )
     wire: ClassVar[Dialect] = "openai_chat"
 

@@ -40,6 +40,15 @@ class ExecResult:
 
 
 @dataclass(frozen=True)
+class ToolMount:
+    """A host file or directory shown read-only in the sandbox (a harness CLI and its runtime).
+    There is no writable kind: nothing the agent does may reach back into the host."""
+
+    source: Path  # absolute host path
+    target: str  # absolute sandbox path
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """What one trial's environment needs; built from a task plus server limits."""
 
@@ -53,6 +62,9 @@ class SandboxSpec:
     wall_clock_s: float = 3600.0
     build_timeout_s: float = 600.0
     env: dict[str, str] = field(default_factory=dict)
+    tool_mounts: tuple[ToolMount, ...] = ()
+    # Sandbox directories put ahead of the image's PATH, for every command: where the mounted tools live.
+    path_prefix: tuple[str, ...] = ()
 
 
 @runtime_checkable

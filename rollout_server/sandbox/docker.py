@@ -23,9 +23,10 @@ from pathlib import Path
 import docker
 import docker.errors
 from docker.models.containers import Container
+from docker.types import Mount
 
 from rollout_server.sandbox import reaper
-from rollout_server.sandbox.base import ROOT_USER, ExecResult, SandboxError, SandboxSpec, as_argv
+from rollout_server.sandbox.base import ROOT_USER, ExecResult, SandboxError, SandboxSpec, ToolMount, as_argv
 from rollout_server.sandbox.images import ensure_task_image
 from rollout_server.sandbox.network import ProxyNetwork
 
@@ -38,6 +39,8 @@ _EXEC_POOL = ThreadPoolExecutor(max_workers=128, thread_name_prefix="sandbox-exe
 MAX_OUTPUT_CHARS = 1_000_000
 # Extra seconds the host waits past the in-container `timeout` before giving up on an exec.
 _HOST_GRACE_S = 5.0
+# What Docker gives a container whose image sets no PATH.
+_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _tar(host_path: Path, arcname: str) -> bytes:
@@ -45,6 +48,22 @@ def _tar(host_path: Path, arcname: str) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         tar.add(str(host_path), arcname=arcname)
     return buffer.getvalue()
+
+
+def _bind_mounts(tools: tuple[ToolMount, ...]) -> list[Mount]:
+    """Read-only bind mounts: the kernel refuses every write, whatever user the agent runs as
+    (root included, since the container has no CAP_SYS_ADMIN to remount)."""
+    for tool in tools:
+        if not tool.source.is_absolute() or not tool.target.startswith("/"):
+            raise SandboxError(f"tool mount {tool.source} -> {tool.target}: both paths must be absolute")
+        if not tool.source.exists():
+            raise SandboxError(f"tool mount source {tool.source} does not exist on this host")
+    return [Mount(t.target, str(t.source.resolve()), type="bind", read_only=True) for t in tools]
+
+
+def _image_path(client: docker.DockerClient, image_id: str) -> str:
+    env = client.images.get(image_id).attrs.get("Config", {}).get("Env") or []
+    return next((e.split("=", 1)[1] for e in env if e.startswith("PATH=")), _DEFAULT_PATH)
 
 
 def _decode_tail(data: bytes | None) -> str:
@@ -89,6 +108,11 @@ class DockerSandbox:
             image_id = ensure_task_image(
                 self._client, self.spec.environment_dir, self.spec.docker_image, self.spec.build_timeout_s
             )
+            env = dict(self.spec.env)
+            if self.spec.path_prefix:
+                # Container-wide, so every exec (the install check, the CLI, the agent's own shells) finds the tools.
+                env["PATH"] = ":".join([*self.spec.path_prefix, _image_path(self._client, image_id)])
+            mounts = _bind_mounts(self.spec.tool_mounts)
             self._deadline = time.time() + self.spec.wall_clock_s
             self._container = self._client.containers.run(
                 image_id,
@@ -97,7 +121,8 @@ class DockerSandbox:
                 detach=True,
                 hostname="sandbox",
                 labels=reaper.labels(self.spec.trial_id, self._deadline),
-                environment=self.spec.env,
+                environment=env,
+                mounts=mounts,
                 nano_cpus=int(self.spec.cpus * 1e9),
                 mem_limit=memory,
                 memswap_limit=memory,  # no swap: hitting the limit is an OOM, not a crawl

@@ -176,9 +176,12 @@ def ensure_task_image(
 
 
 def main() -> int:
-    """`python -m rollout_server.sandbox.images`: build the base image and every demo task image (setup, CI)."""
+    """`python -m rollout_server.sandbox.images`: build the base image and every demo task image, the
+    generated variants of configs/demo.yaml included (setup, CI)."""
     import time
 
+    from legorl_jax.config import DEFAULT_CONFIG, load_config
+    from rollout_server.demo_families import demo_task_splits
     from rollout_server.tasks import demo_tasks
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -186,7 +189,8 @@ def main() -> int:
     began = time.perf_counter()
     ensure_base_image(client)
     log.info("%s ready in %.1fs", BASE_IMAGE, time.perf_counter() - began)
-    for task in demo_tasks():
+    generated = demo_task_splits(load_config(DEFAULT_CONFIG).tasks.demo_variants)
+    for task in [*demo_tasks(), *generated["train"], *generated["eval"]]:
         ensure_task_image(client, task.environment_dir, task.config.environment.docker_image)
     log.info("demo task images ready in %.1fs", time.perf_counter() - began)
     return 0

@@ -29,7 +29,7 @@ CTX = HarnessContext(
     home="/home/agent",
 )
 BASE = "http://172.30.0.1:8080/s/key-123"
-CLI_NAMES = ["claude-code", "codex", "gemini-cli", "mini-swe-agent", "opencode", "qwen-code"]
+CLI_NAMES = ["claude-code", "codex", "gemini-cli", "mini-swe-agent", "opencode", "openhands", "qwen-code"]
 
 
 def spec(name: str, **options: object) -> LaunchSpec:
@@ -177,6 +177,35 @@ def test_qwen_code() -> None:
     assert settings["security"]["auth"]["selectedType"] == "openai"
 
 
+def test_openhands() -> None:
+    launch = spec("openhands")
+    assert launch.dialect == "openai_chat"
+    assert launch.argv[0] == "openhands" and launch.argv[-2:] == ("-t", CTX.instruction)
+    # Without --override-with-envs the CLI ignores the LLM_* variables and asks for settings.
+    assert {"--headless", "--override-with-envs"} <= set(launch.argv)
+    assert launch.env["LLM_BASE_URL"] == f"{BASE}/v1" and launch.env["LLM_API_KEY"] == "key-123"
+    assert launch.env["LLM_MODEL"] == "openai/policy-v3"  # litellm's OpenAI-compatible client
+    assert launch.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+
+
+def test_openhands_conversation_error_is_a_harness_error_despite_exit_0() -> None:
+    harness = get_harness("openhands")
+    assert isinstance(harness, CliHarness)
+    # Abridged from a real 1.16.0 run whose command held `[server\\]`.
+    stream = "\n".join([
+        "Initializing agent...",
+        json.dumps({"source": "agent", "tool_name": "terminal", "kind": "ActionEvent"}),
+        json.dumps({"source": "environment", "code": "MissingStyle", "kind": "ConversationErrorEvent",
+                    "detail": "Failed to get style 'server\\\\'"}),
+        "Goodbye!",
+    ])
+    outcome = harness.classify(0, stream, "", False)
+    assert outcome.status == "harness_error"
+    assert outcome.reason == "openhands: MissingStyle: Failed to get style 'server\\\\'"
+    assert harness.classify(0, stream.replace("ConversationErrorEvent", "MessageEvent"), "", False).status == "ok"
+    assert harness.classify(None, stream, "", True).status == "timeout"
+
+
 @pytest.mark.parametrize("name", CLI_NAMES)
 def test_every_cli_sets_home_and_writes_absolute_paths(name: str) -> None:
     launch = spec(name)
@@ -185,20 +214,22 @@ def test_every_cli_sets_home_and_writes_absolute_paths(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "command"),
+    ("name", "command", "check"),
     [
-        ("claude-code", ["npm", "install", "-g", "@anthropic-ai/claude-code@2.1.x"]),
-        ("codex", ["npm", "install", "-g", "@openai/codex@>=0.170.0 <0.180.0"]),
-        ("mini-swe-agent", ["python3", "-m", "pip", "install", "mini-swe-agent>=2.4,<2.5"]),
-        ("opencode", ["npm", "install", "-g", "opencode-ai@1.18.x"]),
+        ("claude-code", ["npm", "install", "-g", "@anthropic-ai/claude-code@2.1.x"], ["claude", "--version"]),
+        ("codex", ["npm", "install", "-g", "@openai/codex@>=0.170.0 <0.180.0"], ["codex", "--version"]),
+        # mini has no --version: it rejects the option and exits 2.
+        ("mini-swe-agent", ["python3", "-m", "pip", "install", "mini-swe-agent>=2.4,<2.5"], ["mini", "--help"]),
+        ("opencode", ["npm", "install", "-g", "opencode-ai@1.18.x"], ["opencode", "--version"]),
+        ("openhands", ["python3", "-m", "pip", "install", "openhands>=1.16,<1.17"], ["openhands", "--version"]),
     ],
 )
-def test_install_commands(name: str, command: list[str]) -> None:
+def test_install_commands(name: str, command: list[str], check: list[str]) -> None:
     harness = get_harness(name)
     assert isinstance(harness, CliHarness)
     install = harness.install_spec(harness.parse_options({}))
     assert install.commands() == [command]
-    assert install.check_argv()[1] == "--version"
+    assert install.check_argv() == check
     pinned = harness.install_spec(harness.parse_options({"version": "9.9.9"}))
     assert pinned.requirement().endswith("9.9.9")
     assert get_harness("lego").install.commands() == []

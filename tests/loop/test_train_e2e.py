@@ -95,6 +95,9 @@ def test_sigkill_then_rerun_continues_without_losing_or_repeating_steps(model_di
             if "logprob_diff_mean" in r:  # absent on a step no group had contrast for
                 # learner and engine score the same tokens with the same weights
                 assert r["logprob_diff_mean"] < 1e-3
+    rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rollouts if r["kind"] == "train"}) == [1, 2, 3, 4]
+    assert {r["step"] for r in rollouts if r["kind"] == "eval"} >= set(evals)
     assert (run / "reward.png").is_file()
     assert (run / "weights" / "LATEST").read_text().strip() == "v00000004"
     assert any((run / "tensorboard").iterdir())

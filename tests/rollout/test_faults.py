@@ -29,7 +29,7 @@ BOUND_S = 120.0  # no scenario may take longer: a hang fails instead of stalling
 
 # TEST INSTRUMENT: stands in for mini-swe-agent's `mini` and dies the way a crashing CLI does.
 CRASHING_MINI = """#!/bin/sh
-[ "$1" = "--version" ] && { echo "mini-swe-agent 2.4.0 (crashing stand-in)"; exit 0; }
+[ "$1" = "--help" ] && { echo "Usage: mini [OPTIONS] (crashing stand-in)"; exit 0; }
 echo "Traceback (most recent call last):" >&2
 echo "RuntimeError: stand-in harness crashed on purpose" >&2
 exit 1

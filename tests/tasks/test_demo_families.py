@@ -56,7 +56,7 @@ def test_tasks_are_written_once_and_reused(tmp_path: Path) -> None:
 
 def test_default_config_splits() -> None:
     splits = demo_task_splits(DemoVariantsConfig())
-    assert (len(splits["train"]), len(splits["eval"])) == (80, 16)
+    assert (len(splits["train"]), len(splits["eval"])) == (120, 18)
     assert not {t.name for t in splits["train"]} & {t.name for t in splits["eval"]}
 
 
