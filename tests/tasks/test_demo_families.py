@@ -13,7 +13,8 @@ from rollout_server.demo_families import FAMILIES, demo_task_splits, generated_t
 from rollout_server.sandbox import LocalSandbox, SandboxFactory, spec_for_task
 from rollout_server.sandbox.local import bwrap_path
 from rollout_server.tasks import Task
-from rollout_server.verifier import Verdict, run_solution, verify
+
+from .test_demo_tasks import run_trial
 
 FAMILY_NAMES = sorted(FAMILIES)
 
@@ -60,22 +61,11 @@ def test_default_config_splits() -> None:
     assert not {t.name for t in splits["train"]} & {t.name for t in splits["eval"]}
 
 
-def _grade(sandbox, task: Task, solve: bool) -> Verdict:
-    try:
-        sandbox.start()
-        if solve:
-            result = run_solution(sandbox, task)
-            assert result.ok, f"{task.name} solve.sh failed: {result.stderr[-500:]}"
-        return verify(sandbox, task)
-    finally:
-        sandbox.stop()
-
-
 @pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
 def test_local_solution_scores_one_and_noop_zero(one_per_family: list[Task]) -> None:
     for task in one_per_family:
         for solve, expected in ((True, 1.0), (False, 0.0)):
-            verdict = _grade(LocalSandbox(spec_for_task(task, f"fam-{task.name}"), use_bwrap=True), task, solve)
+            verdict = run_trial(LocalSandbox(spec_for_task(task, f"fam-{task.name}"), use_bwrap=True), task, solve)
             assert (verdict.status, verdict.reward) == ("ok", expected), (task.name, verdict)
 
 
@@ -84,5 +74,5 @@ def test_docker_solution_scores_one_and_noop_zero(docker_factory: SandboxFactory
     for task in one_per_family:
         for solve, expected in ((True, 1.0), (False, 0.0)):
             spec = spec_for_task(task, f"fam-{task.name}-{uuid.uuid4().hex[:6]}")
-            verdict = _grade(docker_factory.create(spec), task, solve)
+            verdict = run_trial(docker_factory.create(spec), task, solve)
             assert (verdict.status, verdict.reward) == ("ok", expected), (task.name, verdict)
