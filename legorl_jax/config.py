@@ -62,7 +62,9 @@ class OptimizerConfig(Strict):
     learning_rate: float = Field(1e-6, gt=0)
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "cosine", "linear"] = "constant"
-    total_steps: int = Field(1000, gt=0, description="Horizon of the decay schedule.")
+    total_steps: int = Field(
+        1000, gt=0, description="Horizon of the decay schedule; unset in a run config, the run's total_steps."
+    )
     weight_decay: float = Field(0.0, ge=0)
     b1: float = Field(0.9, ge=0, lt=1)
     b2: float = Field(0.999, ge=0, lt=1)
@@ -271,6 +273,15 @@ class Config(Strict):
     tasks: TasksConfig = TasksConfig()
     fleet: FleetConfig = FleetConfig()
     logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _schedule_horizon(self) -> Config:
+        # Without a horizon of its own, the decay spans the run, whatever total_steps a --set gives it
+        # (a fixed horizon shorter than the run would leave the rest of it at a learning rate of 0).
+        optimizer = self.learner.optimizer
+        if "total_steps" not in optimizer.model_fields_set:
+            optimizer.total_steps = self.total_steps
+        return self
 
 
 class ConfigError(ValueError):

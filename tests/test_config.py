@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from legorl_jax.config import CONFIG_DIR, Config, ConfigError, dump_config, load_config, parse_override
+from legorl_jax.config import CONFIG_DIR, DEFAULT_CONFIG, Config, ConfigError, dump_config, load_config, parse_override
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
@@ -86,3 +86,10 @@ def test_non_mapping_yaml_rejected(tmp_path: Path) -> None:
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(bad)
+
+
+def test_schedule_horizon_follows_the_run_unless_set() -> None:
+    config = load_config(DEFAULT_CONFIG, ["total_steps=7"])
+    assert config.learner.optimizer.total_steps == 7
+    pinned = load_config(DEFAULT_CONFIG, ["total_steps=7", "learner.optimizer.total_steps=50"])
+    assert pinned.learner.optimizer.total_steps == 50
