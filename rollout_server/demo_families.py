@@ -79,20 +79,18 @@ if path.read_text().strip() != str(EXPECT["count"]):
     wrong(f"{path} does not hold {EXPECT['count']}")
 """
 
-_CHECKS = {
-    "write-word": """path = Path(EXPECT["path"])
+_WORD_CHECK = """path = Path(EXPECT["path"])
 if not path.is_file():
     wrong(f"{path} is missing")
 if path.read_text().strip() != EXPECT["word"]:
     wrong(f"{path} does not hold exactly {EXPECT['word']}")
-""",
-    "count-word": _COUNT_CHECK,
-    "count-errors": _COUNT_CHECK,
-    "count-lines": _COUNT_CHECK,
-    "add-setting": """if Path("/app/settings.conf").read_text() != EXPECT["content"]:
+"""
+
+_SETTINGS_CHECK = """if Path("/app/settings.conf").read_text() != EXPECT["content"]:
     wrong("settings.conf differs from the expected content")
-""",
-    "move-file": """moved = Path(EXPECT["dest"])
+"""
+
+_MOVE_CHECK = """moved = Path(EXPECT["dest"])
 if not moved.is_file() or moved.read_text() != EXPECT["content"]:
     wrong(f"{moved} is missing or changed")
 if Path(EXPECT["source"]).exists():
@@ -100,8 +98,7 @@ if Path(EXPECT["source"]).exists():
 for name in EXPECT["others"]:
     if not Path("/app/inbox", name).is_file():
         wrong(f"/app/inbox/{name} was disturbed")
-""",
-}
+"""
 
 
 @dataclass(frozen=True)
@@ -113,6 +110,10 @@ class Family:
     slots: Mapping[str, tuple[str, ...]]
     instruction: str
     solution: str
+    # What the checker compares against, computed from the slots (never from an agent's output),
+    # and the checker's body (it sees that as EXPECT and calls wrong(why) on a wrong answer).
+    expect: Callable[[Mapping[str, str]], dict[str, object]]
+    check: str
 
     def environment_for(self, slots: Mapping[str, str]) -> Mapping[str, str]:
         return self.environment(slots) if callable(self.environment) else self.environment
@@ -122,28 +123,19 @@ class Family:
         return [dict(zip(names, values, strict=True)) for values in itertools.product(*self.slots.values())]
 
 
-def _expectation(family: str, slots: Mapping[str, str]) -> dict[str, object]:
-    """What the checker compares against, computed from the slots (never from an agent's output)."""
-    if family == "write-word":
-        return {"path": f"/app/out/{slots['name']}.txt", "word": slots["word"]}
-    if family == "count-word":
-        return {"path": f"/app/{slots['out']}.txt", "count": _WORD_LINES.count(slots["word"])}
-    if family == "add-setting":
-        lines = [f"{k}={v}" for k, v in _SETTINGS.items()] + [f"{slots['key']}={slots['value']}"]
-        return {"content": "".join(f"{line}\n" for line in lines)}
-    if family == "move-file":
-        name = slots["file"]
-        return {
-            "dest": f"/app/{slots['dir']}/{name}",
-            "source": f"/app/inbox/{name}",
-            "content": _INBOX[name],
-            "others": sorted(set(_INBOX) - {name}),
-        }
-    if family == "count-errors":
-        return {"path": "/app/errors.txt", "count": _log_lines(slots["seed"]).count("ERROR")}
-    if family == "count-lines":
-        return {"path": "/app/lines.txt", "count": len(_csv_rows(slots["seed"]))}
-    raise KeyError(family)
+def _settings_after(slots: Mapping[str, str]) -> dict[str, object]:
+    lines = [f"{k}={v}" for k, v in _SETTINGS.items()] + [f"{slots['key']}={slots['value']}"]
+    return {"content": "".join(f"{line}\n" for line in lines)}
+
+
+def _moved(slots: Mapping[str, str]) -> dict[str, object]:
+    name = slots["file"]
+    return {
+        "dest": f"/app/{slots['dir']}/{name}",
+        "source": f"/app/inbox/{name}",
+        "content": _INBOX[name],
+        "others": sorted(set(_INBOX) - {name}),
+    }
 
 
 # Content families: every variant has the same instruction and a different
@@ -187,6 +179,8 @@ FAMILIES: dict[str, Family] = {
             {"name": ("notes", "alpha", "draft", "memo", "result", "final"), "word": WORDS},
             "Create the file /app/out/{name}.txt containing the word {word} and nothing else.",
             "echo {word} > /app/out/{name}.txt",
+            lambda slots: {"path": f"/app/out/{slots['name']}.txt", "word": slots["word"]},
+            _WORD_CHECK,
         ),
         Family(
             "count-word",
@@ -195,6 +189,8 @@ FAMILIES: dict[str, Family] = {
             {"word": WORDS, "out": ("count", "total", "answer")},
             "Count the lines of /app/words.txt that are exactly {word} and write the number to /app/{out}.txt only.",
             "grep -cx {word} /app/words.txt > /app/{out}.txt",
+            lambda slots: {"path": f"/app/{slots['out']}.txt", "count": _WORD_LINES.count(slots["word"])},
+            _COUNT_CHECK,
         ),
         Family(
             "add-setting",
@@ -203,6 +199,8 @@ FAMILIES: dict[str, Family] = {
             {"key": ("color", "size", "mode", "level", "theme", "speed"), "value": ("blue", "large", "slow", "high")},
             "Add the line {key}={value} at the end of /app/settings.conf and keep the other lines.",
             "echo {key}={value} >> /app/settings.conf",
+            _settings_after,
+            _SETTINGS_CHECK,
         ),
         Family(
             "count-errors",
@@ -211,6 +209,8 @@ FAMILIES: dict[str, Family] = {
             {"seed": _SEEDS},
             "Count the lines of /app/app.log that contain ERROR and write the number to /app/errors.txt only.",
             "grep -c ERROR /app/app.log > /app/errors.txt",
+            lambda slots: {"path": "/app/errors.txt", "count": _log_lines(slots["seed"]).count("ERROR")},
+            _COUNT_CHECK,
         ),
         Family(
             "count-lines",
@@ -219,6 +219,8 @@ FAMILIES: dict[str, Family] = {
             {"seed": _SEEDS},
             "Write the number of lines in /app/data.csv to /app/lines.txt only.",
             "wc -l < /app/data.csv > /app/lines.txt",
+            lambda slots: {"path": "/app/lines.txt", "count": len(_csv_rows(slots["seed"]))},
+            _COUNT_CHECK,
         ),
         Family(
             "move-file",
@@ -227,6 +229,8 @@ FAMILIES: dict[str, Family] = {
             {"file": tuple(_INBOX), "dir": ("archive", "backup", "done", "keep")},
             "Move /app/inbox/{file} into a new directory /app/{dir} and leave the other files.",
             "mkdir -p /app/{dir} && mv /app/inbox/{file} /app/{dir}/",
+            _moved,
+            _MOVE_CHECK,
         ),
     )
 }
@@ -244,7 +248,7 @@ class Variant:
     def files(self) -> dict[str, str]:
         """The Harbor task directory, as relative path -> text."""
         family = self.family
-        expect = json.dumps(_expectation(family.name, self.slots), sort_keys=True)
+        expect = json.dumps(family.expect(self.slots), sort_keys=True)
         toml = (
             f'version = "1.0"\n\n[task]\nname = "{self.name}"\ndescription = "{family.description}"\n\n'
             f'[metadata]\ndifficulty = "easy"\ncategory = "generated"\ntags = ["demo", "{family.name}"]\n\n'
@@ -258,7 +262,7 @@ class Variant:
             # One POSIX command line: the demonstrations replay it verbatim through sh and bash tools alike.
             "solution/solve.sh": "#!/bin/sh\n" + family.solution.format(**self.slots) + "\n",
             "tests/test.sh": TEST_SH,
-            "tests/check.py": _CHECK_HEAD.format(expect=expect) + _CHECKS[family.name],
+            "tests/check.py": _CHECK_HEAD.format(expect=expect) + family.check,
         }
         files.update({f"environment/app/{path}": text for path, text in family.environment_for(self.slots).items()})
         return files

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from legorl_jax.train.run_log import cut_back
 from protos.legorl.v1 import rollout_pb2 as pb
 
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -38,16 +39,7 @@ class RolloutLog:
 
         self.path = Path(run_dir) / ROLLOUTS_FILE
         self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        kept = []
-        if self.path.is_file():
-            for line in self.path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # torn by a kill mid-write
-                if record.get("step", 0) <= resume_step:
-                    kept.append(line + "\n")
-        self.path.write_text("".join(kept))
+        cut_back(self.path, resume_step)
 
     def record(self, step: int, kind: str, trajectory: pb.Trajectory) -> dict[str, Any]:
         texts = [

@@ -31,8 +31,8 @@ COLUMNS: list[tuple[str, str, str]] = [
 ]
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS_FILE
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file, up to a line torn by a kill mid-write."""
     if not path.is_file():
         return []
     records = []
@@ -44,13 +44,22 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def cut_back(path: Path, resume_step: int) -> None:
+    """Keeps only the records of steps up to `resume_step`: a resumed run writes the later ones again."""
+    kept = [r for r in read_jsonl(path) if r.get("step", 0) <= resume_step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return read_jsonl(Path(run_dir) / METRICS_FILE)
+
+
 class RunLog:
     def __init__(self, run_dir: Path, *, resume_step: int, tensorboard: bool, out: TextIO = sys.stdout) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= resume_step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        cut_back(self.path, resume_step)
         self.out = out
         self._header_shown = False
         self._tb = None
