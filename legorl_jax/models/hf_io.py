@@ -9,6 +9,7 @@ most one stacked parameter plus one shard file in host memory.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -26,11 +27,12 @@ from jax.sharding import Mesh
 
 from legorl_jax.models.config import DType, ModelConfig, Remat, from_hf_config, to_hf_config
 from legorl_jax.models.hf_names import IGNORED_HF_SUFFIXES, TensorMap, tensor_map
-from legorl_jax.models.safetensors_io import SafetensorsFile, save_file
+from legorl_jax.models.safetensors_io import SafetensorsFile, read_blocks, save_file
 from legorl_jax.models.sharding import param_sharding
 from legorl_jax.models.transformer import CausalLM
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
+_XLA_ALIGN = 64
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -75,7 +77,16 @@ def _weight_files(path: Path) -> dict[str, SafetensorsFile]:
 
 def abstract_model(config: ModelConfig) -> CausalLM:
     """The model with ShapeDtypeStruct leaves: shapes without allocating or initialising."""
-    return nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
+    graphdef, flat = _abstract_split(config)
+    return nnx.merge(graphdef, nnx.from_flat_state([(p, var.replace(var.get_value())) for p, var in flat]))
+
+
+@functools.lru_cache(maxsize=8)
+def _abstract_split(config: ModelConfig) -> tuple[nnx.GraphDef[CausalLM], tuple[tuple[Any, nnx.Variable[Any]], ...]]:
+    # Tracing the constructor costs tens of milliseconds of Python per call;
+    # the engine re-imports the same architecture on every weight update.
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0))))
+    return graphdef, tuple(nnx.to_flat_state(state))
 
 
 def from_hf(
@@ -94,8 +105,8 @@ def from_hf(
     path = Path(path)
     config = from_hf_config(read_hf_config(path), param_dtype=dtype, compute_dtype=compute_dtype or dtype, remat=remat)
     files = _weight_files(path)
-    graphdef, state = nnx.split(abstract_model(config))
-    flat = nnx.to_flat_state(state)
+    graphdef, abstract = _abstract_split(config)
+    flat = [(p, var.replace(var.get_value())) for p, var in abstract]
     used: set[str] = set()
     for p, var in flat:
         tmap = tensor_map(p)
@@ -138,15 +149,28 @@ def _load_param(
         stack_ranges = [range(*s.indices(n)) for s, n in zip(index, counts, strict=False)]
         rest = index[tmap.stack_dims :]
         block = tuple(len(range(*s.indices(n))) for s, n in zip(rest, tmap.hf_shape(shape), strict=True))
-        # A fresh array, never a file view: on CPU jax may alias host memory,
-        # and the file could later be overwritten by an export to the same path.
-        out = np.empty((*map(len, stack_ranges), *block), dtype)
+        out = _aligned_empty((*map(len, stack_ranges), *block), dtype)
         flat = out.reshape(-1, *block)
-        for i, key in enumerate(itertools.product(*stack_ranges)):
-            files[names[key]].read_into(names[key], rest, flat[i])
+        keys = itertools.product(*stack_ranges)
+        read_blocks((files[names[key]], names[key], rest, flat[i]) for i, key in enumerate(keys))
         return out
 
     return jax.make_array_from_callback(shape, sharding, read)
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A fresh host array that jax's CPU backend adopts without a copy.
+
+    XLA on CPU aliases a numpy buffer only when it is 64-byte aligned (numpy
+    gives 16); a copy of each parameter cost as much as reading it. Never a
+    file view instead: the file could later be overwritten by an export to
+    the same path while the model still uses the memory.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + _XLA_ALIGN, np.uint8)
+    skip = -raw.ctypes.data % _XLA_ALIGN
+    return raw[skip : skip + nbytes].view(dtype).reshape(shape)
 
 
 def _host_array(value: jax.Array, dtype: Any) -> np.ndarray:

@@ -5,16 +5,20 @@ shape, byte range of each tensor) and the raw bytes. The safetensors library
 cannot read bfloat16 into numpy (numpy has no such dtype name), makes one
 device array per slice through its jax reader, and its writer ran at a third
 of raw disk speed here (scripts/bench_hf_io.py). Reading straight into the
-destination buffer with `readinto` and writing with `ndarray.tofile` runs at
-raw file speed; the files stay readable by the library, transformers and vLLM.
+destination buffers with `preadv`, several reads in flight, and writing with
+`ndarray.tofile` runs at raw file speed; the files stay readable by the
+library, transformers and vLLM.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,12 @@ _DTYPES: dict[str, np.dtype] = {
 }
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 _MAX_HEADER = 100 * 2**20  # the format's own limit on the JSON header
-_ALIGN = 8  # header padded so tensor data starts 8-byte aligned, as the library does
+# The header is padded with spaces (as the library pads to 8 bytes) so that tensor data
+# starts on a page boundary: copies between page cache and buffers then run whole pages
+# (writes measured 10% faster than with the library's 8-byte alignment).
+_DATA_ALIGN = 4096
+_CHUNK = 16 * 2**20  # contiguous reads are split so that one large tensor also keeps several reads in flight
+_READERS = 4
 
 
 class SafetensorsFileError(ValueError):
@@ -80,11 +89,16 @@ class SafetensorsFile:
         return dtype, shape, self._data_start + start
 
     def read_into(self, name: str, index: tuple[slice, ...], out: np.ndarray) -> None:
-        """out[...] = tensor[index], converting dtype; out must be C-contiguous.
+        """out[...] = tensor[index], converting dtype; out must be C-contiguous."""
+        read_blocks([(self, name, index, out)])
+
+    def _plan(self, name: str, index: tuple[slice, ...], out: np.ndarray, stack: ExitStack) -> _Plan:
+        """The reads that fill `out`, and what to do once they are all done.
 
         A block that is a range of leading-axis rows is one contiguous byte
-        range and is read directly into `out`; other blocks go through a
-        memory map, touching only the pages they cover.
+        range, read straight into `out` in chunks that can be in flight
+        together; other blocks go through a memory map, touching only the
+        pages they cover.
         """
         dtype, shape, offset = self._entry(name)
         index = tuple(index) + (slice(None),) * (len(shape) - len(index))
@@ -92,22 +106,77 @@ class SafetensorsFile:
         if any(step != 1 for _, _, step in bounds):
             raise ValueError(f"{name}: only unit-step slices are supported")
         row_range_only = all((lo, hi) == (0, n) for (lo, hi, _), n in zip(bounds[1:], shape[1:], strict=True))
-        if not shape or row_range_only:
-            row_bytes = dtype.itemsize * int(np.prod(shape[1:]))
-            first, count = (bounds[0][0], bounds[0][1] - bounds[0][0]) if shape else (0, 1)
-            buf = out if out.dtype == dtype else np.empty(out.shape, dtype)
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                got = os.preadv(fd, [memoryview(buf.reshape(-1).view(np.uint8))], offset + first * row_bytes)
-            finally:
-                os.close(fd)
-            if got != count * row_bytes:
-                raise SafetensorsFileError(f"{self.path}: {name} is truncated")
-            if buf is not out:
-                out[...] = buf
-            return
-        mapped = np.memmap(self.path, dtype, "r", offset=offset, shape=shape)
-        out[...] = mapped[index]
+        if shape and not row_range_only:
+            mapped = np.memmap(self.path, dtype, "r", offset=offset, shape=shape)
+
+            def copy() -> None:
+                out[...] = mapped[index]
+
+            return [copy], None
+        row_bytes = dtype.itemsize * int(np.prod(shape[1:]))
+        first = bounds[0][0] if shape else 0
+        buf = out if out.dtype == dtype else np.empty(out.shape, dtype)
+        view = memoryview(buf.reshape(-1).view(np.uint8))
+        if len(view) != buf.nbytes:
+            raise ValueError(f"{name}: the destination must be C-contiguous")
+        fd = os.open(self.path, os.O_RDONLY)
+        stack.callback(os.close, fd)
+        reads = _chunk_reads(fd, view, offset + first * row_bytes, f"{self.path}: {name} is truncated")
+        if buf is out:
+            return reads, None
+
+        def convert() -> None:
+            out[...] = buf
+
+        return reads, convert
+
+
+_Plan = tuple[list[Callable[[], None]], Callable[[], None] | None]
+BlockRead = tuple[SafetensorsFile, str, tuple[slice, ...], np.ndarray]
+
+
+def read_blocks(requests: Iterable[BlockRead]) -> None:
+    """Fill each `out` with `file`'s tensor `name`[index], reads in parallel.
+
+    One thread reading a checkpoint tensor by tensor leaves the disk (and,
+    from the page cache, the other cores) idle between requests; with several
+    reads in flight an import runs faster than one plain sequential read of
+    the same bytes (scripts/bench_hf_io.py).
+    """
+    with ExitStack() as stack:
+        plans = [f._plan(name, index, out, stack) for f, name, index, out in requests]
+        _run_all([read for plan_reads, _ in plans for read in plan_reads])
+        for _, finish in plans:
+            if finish is not None:
+                finish()
+
+
+def _chunk_reads(fd: int, view: memoryview, start: int, short: str) -> list[Callable[[], None]]:
+    """Tasks that each fill one chunk of `view` from `fd` at file offset `start` + its position."""
+
+    def task(lo: int) -> Callable[[], None]:
+        def run() -> None:
+            part = view[lo : lo + _CHUNK]
+            if os.preadv(fd, [part], start + lo) != len(part):
+                raise SafetensorsFileError(short)
+
+        return run
+
+    return [task(lo) for lo in range(0, max(len(view), 1), _CHUNK)]
+
+
+def _run_all(tasks: list[Callable[[], None]]) -> None:
+    """Run reads several at a time (preadv releases the GIL); the first error is raised."""
+    if len(tasks) == 1:
+        tasks[0]()
+        return
+    for future in [_pool().submit(task) for task in tasks]:
+        future.result()
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="safetensors-read")
 
 
 def save_file(tensors: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> None:
@@ -124,9 +193,10 @@ def save_file(tensors: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -
         }
         offset += array.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % _ALIGN)
+    blob += b" " * (-(8 + len(blob)) % _DATA_ALIGN)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
+        # One sequential pass: parallel writes into the page cache measured slower here.
         for array in tensors.values():
             np.ascontiguousarray(array).reshape(-1).view(np.uint8).tofile(f)

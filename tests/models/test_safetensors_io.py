@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from legorl_jax.models.safetensors_io import SafetensorsFile, SafetensorsFileError, save_file
+from legorl_jax.models import safetensors_io
+from legorl_jax.models.safetensors_io import SafetensorsFile, SafetensorsFileError, read_blocks, save_file
 
 
 def _tensors() -> dict[str, np.ndarray]:
@@ -64,3 +65,30 @@ def test_bad_files_raise_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot be stored"):
         save_file({"c": np.zeros(2, np.complex64)}, tmp_path / "c.safetensors")
     assert jnp.dtype(ml_dtypes.bfloat16) == jnp.bfloat16
+
+
+def test_chunked_parallel_reads_fill_every_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Chunks far smaller than the tensors, so one block is read by several tasks at once.
+    monkeypatch.setattr(safetensors_io, "_CHUNK", 64)
+    rng = np.random.default_rng(1)
+    tensors = {f"w{i}": rng.normal(size=(37, 11)).astype(np.float32) for i in range(5)}
+    save_file(tensors, tmp_path / "t.safetensors")
+    f = SafetensorsFile(tmp_path / "t.safetensors")
+    outs = {name: np.empty((20, 11), np.float32) for name in tensors}
+    read_blocks((f, name, (slice(9, 29),), out) for name, out in outs.items())
+    for name, out in outs.items():
+        np.testing.assert_array_equal(out, tensors[name][9:29])
+    header_len = int.from_bytes((tmp_path / "t.safetensors").read_bytes()[:8], "little")
+    assert (8 + header_len) % 4096 == 0  # tensor data starts on a page boundary
+
+
+def test_truncated_data_is_named_in_a_chunked_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(safetensors_io, "_CHUNK", 64)
+    save_file({"x": np.zeros((64, 4), np.float32)}, tmp_path / "t.safetensors")
+    f = SafetensorsFile(tmp_path / "t.safetensors")
+    # The file shrinks after it was opened (say, an export rewriting it): reads come up short.
+    size = (tmp_path / "t.safetensors").stat().st_size
+    with open(tmp_path / "t.safetensors", "r+b") as raw:
+        raw.truncate(size - 512)
+    with pytest.raises(SafetensorsFileError, match="x is truncated"):
+        f.read_into("x", (), np.empty((64, 4), np.float32))
