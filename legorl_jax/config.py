@@ -37,6 +37,11 @@ class ModelConfig(Strict):
     remat: Literal["none", "full", "dots_saveable"] = Field(
         "none", description="Rematerialisation policy of the scanned layer body."
     )
+    attention_kernel: Literal["auto", "xla", "cudnn"] = Field(
+        "auto",
+        description="Attention implementation: auto = cuDNN's fused kernel on NVIDIA GPUs with 16-bit compute, "
+        "XLA elsewhere.",
+    )
     max_seq_len: int = Field(4096, gt=0, description="Longest packed row the learner trains on.")
 
 

@@ -9,10 +9,12 @@ hide another's) and reports two measurements:
     just before the run, i.e. what the run really added on this host.
 Two scopes: `head` feeds fixed hidden states to the log-prob computation
 (the part chunking changes: [T, V] logits vs [chunk, V]); `model` runs a
-1-layer Qwen3 end to end, whose CPU attention adds a [heads, T, T] score
-matrix to both variants alike (GPU/TPU flash kernels do not build it).
+1-layer Qwen3 end to end, whose attention on CPU (XLA's kernel) adds a
+[heads, T, T] score matrix to both variants alike; on an NVIDIA GPU with
+--dtype bfloat16 the fused cuDNN kernel does not build it. On a GPU,
+rss_bytes is host memory only: xla_bytes is the device figure.
 
-  .venv/bin/python scripts/bench_logprobs.py [--seq 4096] [--vocab 151936] [--grad]
+  .venv/bin/python scripts/bench_logprobs.py [--seq 4096] [--vocab 151936] [--grad] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def child(variant: str, scope: str, seq: int, vocab: int, chunk: int, grad: bool) -> None:
+def child(variant: str, scope: str, seq: int, vocab: int, chunk: int, grad: bool, dtype: str) -> None:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -43,11 +45,12 @@ def child(variant: str, scope: str, seq: int, vocab: int, chunk: int, grad: bool
     config = ModelConfig(
         architecture="qwen3", vocab_size=vocab, hidden_size=256, intermediate_size=512, num_layers=1,
         num_heads=4, num_kv_heads=2, head_dim=64, qk_norm=True, tie_word_embeddings=True,
+        param_dtype=dtype, compute_dtype=dtype,
     )  # fmt: skip
     graphdef, state = nnx.split(CausalLM(config, rngs=nnx.Rngs(0)))
     tokens = jax.random.randint(jax.random.key(1), (1, seq), 0, vocab, jnp.int32)
 
-    hidden = jax.random.normal(jax.random.key(2), (1, seq - 1, config.hidden_size), jnp.float32)
+    hidden = jax.random.normal(jax.random.key(2), (1, seq - 1, config.hidden_size), dtype)
 
     def logprobs(state: nnx.State) -> jax.Array:
         model = nnx.merge(graphdef, state)
@@ -73,24 +76,32 @@ def child(variant: str, scope: str, seq: int, vocab: int, chunk: int, grad: bool
     }))  # fmt: skip
 
 
+def backend() -> str:
+    import jax
+
+    return f"{jax.default_backend()} ({jax.devices()[0].device_kind})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--grad", action="store_true", help="measure the backward pass too")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="params and compute")
     parser.add_argument("--child", nargs=2, metavar=("VARIANT", "SCOPE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(*args.child, args.seq, args.vocab, args.chunk, args.grad)
+        child(*args.child, args.seq, args.vocab, args.chunk, args.grad, args.dtype)
         return 0
     mode = "forward+backward" if args.grad else "forward"
-    print(f"token_logprobs peak memory, B=1 T={args.seq} V={args.vocab} chunk={args.chunk} ({mode})")
+    print(f"token_logprobs peak memory on {backend()}, B=1 T={args.seq} V={args.vocab} chunk={args.chunk} "
+          f"{args.dtype} ({mode})")  # fmt: skip
     for scope in ("head", "model"):
         results = {}
         for variant in ("naive", "chunked"):
             cmd = [sys.executable, __file__, "--child", variant, scope, "--seq", str(args.seq),
-                   "--vocab", str(args.vocab), "--chunk", str(args.chunk)]  # fmt: skip
+                   "--vocab", str(args.vocab), "--chunk", str(args.chunk), "--dtype", args.dtype]  # fmt: skip
             cmd += ["--grad"] if args.grad else []
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 Architecture = Literal["qwen3", "qwen3_moe", "qwen2", "llama"]
 DType = Literal["float32", "bfloat16"]
 Remat = Literal["none", "full", "dots_saveable"]
+AttentionKernel = Literal["auto", "xla", "cudnn"]  # see legorl_jax/models/attention.py
 
 _HF_CLASS = {
     "qwen3": "Qwen3ForCausalLM",
@@ -44,7 +45,7 @@ class Llama3RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture (from HF) plus runtime choices (dtypes, remat)."""
+    """Architecture (from HF) plus runtime choices (dtypes, remat, attention kernel)."""
 
     architecture: Architecture
     vocab_size: int
@@ -68,10 +69,11 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     router_aux_loss_coef: float = 0.0
-    # Runtime: dtype of stored params, dtype of activations/matmuls, remat policy.
+    # Runtime: dtype of stored params, dtype of activations/matmuls, remat policy, attention kernel.
     param_dtype: DType = "float32"
     compute_dtype: DType = "float32"
     remat: Remat = "none"
+    attention_kernel: AttentionKernel = "auto"
     # HF keys carried through import/export unchanged (token ids, context length).
     passthrough: tuple[tuple[str, Any], ...] = ()
 
@@ -130,7 +132,7 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
 def from_hf_config(cfg: dict[str, Any], **runtime: Any) -> ModelConfig:
     """Build a ModelConfig from a parsed HF `config.json`.
 
-    `runtime` sets param_dtype / compute_dtype / remat.
+    `runtime` sets param_dtype / compute_dtype / remat / attention_kernel.
     """
     arch = cfg.get("model_type")
     if arch not in _HF_CLASS:

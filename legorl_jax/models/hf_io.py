@@ -25,7 +25,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from legorl_jax.models.config import DType, ModelConfig, Remat, from_hf_config, to_hf_config
+from legorl_jax.models.config import AttentionKernel, DType, ModelConfig, Remat, from_hf_config, to_hf_config
 from legorl_jax.models.hf_names import IGNORED_HF_SUFFIXES, TensorMap, tensor_map
 from legorl_jax.models.safetensors_io import SafetensorsFile, read_blocks, save_file
 from legorl_jax.models.sharding import param_sharding
@@ -95,6 +95,7 @@ def from_hf(
     dtype: DType = "float32",
     compute_dtype: DType | None = None,
     remat: Remat = "none",
+    attention_kernel: AttentionKernel = "auto",
     mesh: Mesh | None = None,
 ) -> CausalLM:
     """Load an HF checkpoint as a `CausalLM`.
@@ -103,7 +104,13 @@ def from_hf(
     activations. With a mesh, parameters are placed per the partition rules.
     """
     path = Path(path)
-    config = from_hf_config(read_hf_config(path), param_dtype=dtype, compute_dtype=compute_dtype or dtype, remat=remat)
+    config = from_hf_config(
+        read_hf_config(path),
+        param_dtype=dtype,
+        compute_dtype=compute_dtype or dtype,
+        remat=remat,
+        attention_kernel=attention_kernel,
+    )
     files = _weight_files(path)
     graphdef, abstract = _abstract_split(config)
     flat = [(p, var.replace(var.get_value())) for p, var in abstract]

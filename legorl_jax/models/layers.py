@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from legorl_jax.models.attention import attend
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.kv_cache import write_layer
 from legorl_jax.models.linear import Linear
@@ -41,6 +42,7 @@ class Attention(nnx.Module):
         self.q_norm = rms_norm(c, rngs, c.head_dim) if c.qk_norm else None
         self.k_norm = rms_norm(c, rngs, c.head_dim) if c.qk_norm else None
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.kernel = c.attention_kernel
 
     def __call__(
         self,
@@ -61,9 +63,8 @@ class Attention(nnx.Module):
         if cache is not None:
             k, v = write_layer(cache[0], k, positions), write_layer(cache[1], v, positions)
             cache = (k, v)
-        # jax picks the cuDNN fused kernel on GPU when shapes and dtypes allow,
-        # XLA's implementation elsewhere; the GQA head grouping is handled inside.
-        out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask)
+        # The GQA head grouping is handled inside the kernel.
+        out = attend(q, k, v, mask, kernel=self.kernel, causal=cache is None)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache
 
 

@@ -89,6 +89,7 @@ class Trainer:
             dtype=cfg.model.param_dtype,
             compute_dtype=cfg.model.compute_dtype,
             remat=cfg.model.remat,
+            attention_kernel=cfg.model.attention_kernel,
             mesh=mesh,
         )
         return Learner(model, cfg.rl, cfg.learner, mesh)
