@@ -37,10 +37,11 @@ class ModelConfig(Strict):
     remat: Literal["none", "full", "dots_saveable"] = Field(
         "none", description="Rematerialisation policy of the scanned layer body."
     )
-    attention_kernel: Literal["auto", "xla", "cudnn"] = Field(
+    attention_kernel: Literal["auto", "xla", "cudnn", "splash"] = Field(
         "auto",
-        description="Attention implementation: auto = cuDNN's fused kernel on NVIDIA GPUs with 16-bit compute, "
-        "XLA elsewhere.",
+        description="Attention implementation of training steps: auto = cuDNN's fused kernel on NVIDIA GPUs with "
+        "16-bit compute, Pallas splash attention on TPU (rows and head_dim multiples of 128), XLA elsewhere; "
+        "cudnn and splash fail off their hardware. See legorl_jax/models/attention.py.",
     )
     max_seq_len: int = Field(4096, gt=0, description="Longest packed row the learner trains on.")
 

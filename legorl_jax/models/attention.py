@@ -1,34 +1,84 @@
-"""The attention kernel: which implementation computes softmax(q k^T) v.
+"""The attention kernel: which implementation computes softmax(q k^T / sqrt(H)) v.
 
-`jax.nn.dot_product_attention` left to itself runs XLA's unfused
-implementation everywhere (its "pick the best" default is XLA for now), which
-builds the [B, N, T, S] score matrix. On an NVIDIA GPU with 16-bit
-activations cuDNN's fused kernel does not; "auto" picks it there for
-training-shaped calls, XLA elsewhere (TPU included: a Pallas splash-attention
-path is not written yet). The boolean mask (causal, segments of packed rows,
-KV-cache slots) is the same for both. `scripts/bench_attention.py` compares
-the two on a GPU: agreement, speed, memory.
+What runs where (`attention_kernel`; "auto" is the default):
+
+- XLA (`jax.nn.dot_product_attention(implementation="xla")`) runs everywhere
+  and builds the [B, N, T, S] score matrix. It is what "auto" picks off
+  GPU/TPU, for shapes the fused kernels do not take, and for KV-cache steps
+  (the embedded engine's prefill/decode: long training rows are where a fused
+  kernel pays, and serving on accelerator hosts is vLLM's).
+- cuDNN's fused kernel: "auto" picks it on an Ampere-or-newer NVIDIA GPU for
+  training-shaped calls with 16-bit activations and head_dim a multiple of 8
+  up to 128. It reads the same boolean mask as XLA.
+- Pallas splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`):
+  "auto" picks it on TPU for training-shaped calls whose row length and
+  head_dim are multiples of 128. It never sees the dense mask: the causal
+  triangle is a static block-sparse mask (blocks above the diagonal are
+  skipped) and the packing arrives as segment ids.
+
+"Training-shaped" means causal with queries and keys aligned at index 0 (no KV
+cache) and, for splash, the segment ids the mask was built from.
+
+Sharding: a Pallas kernel is opaque to XLA's SPMD partitioner, so under a
+context mesh (`jax.set_mesh`) splash runs inside `jax.shard_map`: rows split
+over the `data`/`fsdp` axes, heads over `tensor`, each where it divides. With
+several devices and no context mesh "auto" keeps XLA (whole-array kernel calls
+would not be data parallel); the learner's step must be traced under
+`jax.set_mesh(mesh)` to get splash on a pod.
+
+Tested: splash matches XLA (forward and gradients, packed rows, GQA, a
+mesh of fake CPU devices) with the kernel run in Pallas interpret mode on CPU,
+i.e. the same kernel code, not Mosaic-compiled: it has not run on a real TPU
+here. `scripts/bench_attention.py` compares XLA and cuDNN on a GPU.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from functools import partial
+from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.sharding import PartitionSpec
 
 from legorl_jax.models.config import AttentionKernel
+from legorl_jax.models.sharding import BATCH_AXES
+
+Implementation = Literal["xla", "cudnn", "splash"]
 
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# The backend each explicit fused kernel needs, and how an error names it.
+_BACKEND_OF = {"cudnn": ("gpu", "an NVIDIA GPU"), "splash": ("tpu", "a TPU")}
+# Splash tiles are multiples of the TPU's 128 lanes (its segment-id masking asserts so);
+# the largest tile that divides the row wins, since bigger tiles amortise per-block overhead.
+_SPLASH_BLOCKS = (512, 256, 128)
 
 
-def resolve_kernel(kernel: AttentionKernel, dtype: jnp.dtype, head_dim: int) -> Literal["xla", "cudnn"]:
-    """The implementation `kernel` stands for on this process's default backend."""
-    if kernel == "cudnn" and jax.default_backend() != "gpu":
-        raise ValueError(f"attention_kernel='cudnn' needs an NVIDIA GPU; this process runs on {jax.default_backend()}")
+def resolve_kernel(
+    kernel: AttentionKernel, dtype: jnp.dtype, head_dim: int, seq_len: int | None = None
+) -> Implementation:
+    """The implementation `kernel` stands for on this process's default backend.
+
+    seq_len is the row length of a training-shaped call (see the module
+    docstring); None says the call is not one, which rules splash out.
+    """
+    if kernel not in get_args(AttentionKernel):
+        raise ValueError(f"attention_kernel must be one of {get_args(AttentionKernel)}, got {kernel!r}")
+    backend = jax.default_backend()
+    if kernel in _BACKEND_OF and backend != _BACKEND_OF[kernel][0]:
+        raise ValueError(f"attention_kernel={kernel!r} needs {_BACKEND_OF[kernel][1]}; this process runs on {backend}")
+    if kernel == "splash" and (seq_len is None or _splash_block(seq_len) is None):
+        raise ValueError(
+            "attention_kernel='splash' needs a training-shaped call (causal, no KV cache, segment ids) "
+            f"with a row length that is a multiple of 128; got row length {seq_len}"
+        )
     if kernel != "auto":
         return kernel
-    if jax.default_backend() != "gpu" or jnp.dtype(dtype) not in _CUDNN_DTYPES:
+    if backend == "tpu":
+        return "splash" if seq_len is not None and _splash_fits(head_dim, seq_len) else "xla"
+    if backend != "gpu" or jnp.dtype(dtype) not in _CUDNN_DTYPES:
         return "xla"
     # cuDNN's fused attention needs head_dim a multiple of 8 up to 128 and an Ampere or newer GPU.
     capability = getattr(jax.devices()[0], "compute_capability", "0")
@@ -38,18 +88,96 @@ def resolve_kernel(kernel: AttentionKernel, dtype: jnp.dtype, head_dim: int) -> 
 
 
 def attend(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, kernel: AttentionKernel, causal: bool
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array,
+    *,
+    kernel: AttentionKernel,
+    causal: bool,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """q[B, T, N, H], k/v[B, S, K, H] (N a multiple of K), mask bool[B, 1, T, S] -> [B, T, N, H].
 
     `causal` says the mask already holds the causal triangle with queries and
     keys aligned at index 0 (no KV cache): cuDNN then skips the blocks above
-    the diagonal instead of computing and masking them.
+    the diagonal instead of computing and masking them. segment_ids int32[B, T]
+    are the packing the mask was built from; splash reads them instead of it.
     """
-    # A KV-cache step (the embedded engine's decode) stays on XLA under "auto": training is where long
-    # rows make the fused kernel pay, and serving on GPU hosts is vLLM's.
-    impl = resolve_kernel(kernel, q.dtype, q.shape[-1]) if causal or kernel != "auto" else "xla"
+    if causal or kernel == "cudnn":
+        impl = resolve_kernel(kernel, q.dtype, q.shape[-1], q.shape[1] if causal and segment_ids is not None else None)
+    else:
+        impl = "xla"  # a KV-cache step: splash has no such form, and "auto" keeps XLA (module docstring)
     k, v = k.astype(q.dtype), v.astype(q.dtype)
-    if impl == "xla":
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation="cudnn")
+    if impl == "splash":
+        assert segment_ids is not None  # resolve_kernel picks splash only given a row length, i.e. segment ids
+        return splash_attention(q, k, v, segment_ids)
+    if impl == "cudnn":
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation="cudnn")
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+
+
+def splash_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, *, interpret: bool = False
+) -> jax.Array:
+    """Causal attention within segments through the Pallas splash kernel.
+
+    q[B, T, N, H], k/v[B, T, K, H], segment_ids int32[B, T] -> [B, T, N, H].
+    `interpret` runs the kernel in Pallas interpret mode (any backend; slow).
+    """
+    if _splash_block(q.shape[1]) is None:
+        raise ValueError(f"splash attention needs a row length that is a multiple of 128, got {q.shape[1]}")
+    run = partial(_splash_per_shard, interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return run(q, k, v, segment_ids)
+    rows = [axis for axis in BATCH_AXES if axis in mesh.axis_names]
+    rows_spec = tuple(rows) if rows and q.shape[0] % math.prod(mesh.shape[a] for a in rows) == 0 else None
+    # Sharding kv heads over `tensor` keeps each query head with its kv head (contiguous grouping).
+    heads = "tensor" if "tensor" in mesh.axis_names and k.shape[2] % mesh.shape["tensor"] == 0 else None
+    qkv = PartitionSpec(rows_spec, None, heads, None)
+    # check_vma off: the splash kernel declares its outputs without how they vary over mesh axes.
+    in_specs = (qkv, qkv, qkv, PartitionSpec(rows_spec, None))
+    return jax.shard_map(run, in_specs=in_specs, out_specs=qkv, check_vma=False)(q, k, v, segment_ids)
+
+
+def _splash_per_shard(
+    q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, *, interpret: bool
+) -> jax.Array:
+    _, t, n, h = q.shape
+    b = _splash_block(t)
+    assert b is not None  # splash_attention checked the row length
+    sizes = splash.BlockSizes(
+        block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
+        block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b,
+    )  # fmt: skip
+    # The MHA form maps query head i to kv head i // (N / K) itself, the same grouping as
+    # dot_product_attention, so GQA needs neither repeated k/v nor one MQA call per kv head.
+    kernel = splash.make_splash_mha(
+        splash.MultiHeadMask([splash.CausalMask((t, t))] * n),
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=interpret,
+    )
+    # Splash does not scale the logits: scale q (in float32, one rounding) as the other paths scale scores.
+    q = (q.astype(jnp.float32) * h**-0.5).astype(q.dtype)
+    # Padding (segment 0) is a segment like any other: each of its tokens sees at least itself,
+    # so no softmax row is empty and its outputs stay finite, as on the XLA path.
+    segments = splash.SegmentIds(q=segment_ids, kv=segment_ids)
+    heads_major = partial(jnp.swapaxes, axis1=1, axis2=2)
+    out = jax.vmap(kernel)(heads_major(q), heads_major(k), heads_major(v), segments)
+    return heads_major(out)
+
+
+def _splash_block(seq_len: int) -> int | None:
+    return next((b for b in _SPLASH_BLOCKS if seq_len % b == 0), None)
+
+
+def _splash_fits(head_dim: int, seq_len: int) -> bool:
+    """Whether "auto" may pick splash: a 128-multiple row, lane-aligned heads, and a way to shard it."""
+    # head_dim below 128 is padded to lanes inside the kernel and has failed there in past JAX
+    # releases; 128-multiples (Qwen3, Llama 3) are the shapes the kernel is known for.
+    if _splash_block(seq_len) is None or head_dim % 128:
+        return False
+    return jax.device_count() == 1 or not jax.sharding.get_abstract_mesh().empty

@@ -51,8 +51,13 @@ class Attention(nnx.Module):
         mask: jax.Array,
         cache: LayerCache | None,
         positions: jax.Array,
+        segment_ids: jax.Array | None,
     ) -> tuple[jax.Array, LayerCache | None]:
-        """x[B, T, D]; mask bool[B, 1, T, S]; with a cache, S is its length."""
+        """x[B, T, D]; mask bool[B, 1, T, S]; with a cache, S is its length.
+
+        segment_ids int32[B, T] (training steps) are the packing `mask` was
+        built from: a kernel that takes them instead of a mask (splash) reads them.
+        """
         b, t, _ = x.shape
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
@@ -64,7 +69,7 @@ class Attention(nnx.Module):
             k, v = write_layer(cache[0], k, positions), write_layer(cache[1], v, positions)
             cache = (k, v)
         # The GQA head grouping is handled inside the kernel.
-        out = attend(q, k, v, mask, kernel=self.kernel, causal=cache is None)
+        out = attend(q, k, v, mask, kernel=self.kernel, causal=cache is None, segment_ids=segment_ids)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache
 
 
@@ -98,9 +103,10 @@ class DecoderLayer(nnx.Module):
         cache: LayerCache | None,
         positions: jax.Array,
         valid: jax.Array,
+        segment_ids: jax.Array | None,
     ) -> tuple[jax.Array, LayerCache | None, RouterStats | None]:
         """valid bool[B, T] marks real (non-padding) tokens for router statistics."""
-        attn, cache = self.self_attn(self.input_layernorm(x), rope, mask, cache, positions)
+        attn, cache = self.self_attn(self.input_layernorm(x), rope, mask, cache, positions, segment_ids)
         x = x + attn
         h = self.post_attention_layernorm(x)
         if isinstance(self.mlp, MoE):

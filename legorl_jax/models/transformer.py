@@ -87,9 +87,8 @@ class CausalLM(nnx.Module):
             segment_ids = jnp.ones(tokens.shape, jnp.int32)
         if positions is None:
             positions = segment_positions(segment_ids)
-        x, _, stats = self._run_layers(
-            tokens, positions, causal_segment_mask(segment_ids), segment_ids != 0, cache=None
-        )
+        mask = causal_segment_mask(segment_ids)
+        x, _, stats = self._run_layers(tokens, positions, mask, segment_ids != 0, cache=None, segment_ids=segment_ids)
         aux: dict[str, jax.Array] = {}
         if stats is not None:
             aux["router_aux_loss"] = load_balancing_loss(stats, self.config.num_experts)
@@ -117,7 +116,8 @@ class CausalLM(nnx.Module):
             raise ValueError(f"decode: positions shape {positions.shape} != tokens shape {tokens.shape}")
         if cache.k.shape[1] != tokens.shape[0]:
             raise ValueError(f"decode: cache has {cache.k.shape[1]} rows, tokens have {tokens.shape[0]}")
-        x, cache, _ = self._run_layers(tokens, positions, cache_mask(positions, cache.max_len), positions >= 0, cache)
+        mask = cache_mask(positions, cache.max_len)
+        x, cache, _ = self._run_layers(tokens, positions, mask, positions >= 0, cache, segment_ids=None)
         return self.logits(x), cache
 
     def _run_layers(
@@ -127,6 +127,7 @@ class CausalLM(nnx.Module):
         mask: jax.Array,
         valid: jax.Array,
         cache: KVCache | None,
+        segment_ids: jax.Array | None,
     ) -> tuple[jax.Array, KVCache | None, RouterStats | None]:
         rope = rope_tables(self.config, positions)
         graphdef, params = nnx.split(self.layers)
@@ -134,7 +135,7 @@ class CausalLM(nnx.Module):
         def body(x: jax.Array, xs: tuple[Any, Any]) -> tuple[jax.Array, tuple[Any, Any]]:
             layer_params, layer_cache = xs
             layer = nnx.merge(graphdef, layer_params)
-            x, layer_cache, stats = layer(x, rope, mask, layer_cache, positions, valid)
+            x, layer_cache, stats = layer(x, rope, mask, layer_cache, positions, valid, segment_ids)
             return x, (layer_cache, stats)
 
         if self.config.remat != "none":

@@ -121,8 +121,11 @@ class Learner:
         coef = self.model_config.router_aux_loss_coef
         aux_scale = jnp.float32(coef * packed.normaliser / len(packed.micro_batches))
         acc = self._zero_acc()
-        for mb in packed.micro_batches:
-            acc = self._micro(self.params, self.ref_params, acc, self.device_batch(mb), aux_scale)
+        # Traced under the mesh as context: a kernel XLA cannot partition (splash attention on TPU)
+        # then runs per shard (legorl_jax/models/attention.py).
+        with jax.set_mesh(self.mesh):
+            for mb in packed.micro_batches:
+                acc = self._micro(self.params, self.ref_params, acc, self.device_batch(mb), aux_scale)
         return acc["grads"], acc["loss"], acc["metrics"]
 
     def train_step(self, packed: PackedStep) -> dict[str, float]:
@@ -150,9 +153,10 @@ class Learner:
         batch = {k: jax.ShapeDtypeStruct((rows, 2), jnp.int32) for k in BATCH_KEYS}
         batch.update({k: jax.ShapeDtypeStruct((rows, 1), jnp.float32) for k in FLOAT_KEYS})
         batch["seq_ids"] = jax.ShapeDtypeStruct((rows, 1), jnp.int32)
-        grads, loss, metrics = jax.eval_shape(
-            self._micro_grads, self.params, self.ref_params, batch, jax.ShapeDtypeStruct((), jnp.float32)
-        )
+        with jax.set_mesh(self.mesh):
+            grads, loss, metrics = jax.eval_shape(
+                self._micro_grads, self.params, self.ref_params, batch, jax.ShapeDtypeStruct((), jnp.float32)
+            )
         return {"grads": grads, "loss": loss, "metrics": metrics}
 
     # ---- traced ----------------------------------------------------------------
