@@ -41,7 +41,7 @@ _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 _MAX_HEADER = 100 * 2**20  # the format's own limit on the JSON header
 # The header is padded with spaces (as the library pads to 8 bytes) so that tensor data
 # starts on a page boundary: copies between page cache and buffers then run whole pages
-# (writes measured 10% faster than with the library's 8-byte alignment).
+# (writes measured 10% faster than with the library's 8-byte alignment; scripts/bench_hf_io.py).
 _DATA_ALIGN = 4096
 _CHUNK = 16 * 2**20  # contiguous reads are split so that one large tensor also keeps several reads in flight
 _READERS = 4

@@ -15,9 +15,10 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
+from rollout_server.proxy.jsonio import FastJSONResponse
 from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import Session, SessionSpec
 
@@ -26,8 +27,8 @@ from rollout_server.proxy.session import Session, SessionSpec
 _KEY = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
-def _problem(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message}}, status_code=status)
+def _problem(status: int, message: str) -> FastJSONResponse:
+    return FastJSONResponse({"error": {"message": message}}, status_code=status)
 
 
 def session_urls(base_url: str, key: str) -> dict[str, str]:
@@ -69,8 +70,8 @@ def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
             session = core.store.create(spec, key)
         except ValueError as exc:
             return _problem(409, str(exc))
-        return JSONResponse({"key": session.key, "urls": session_urls(str(request.base_url), session.key)},
-                            status_code=201)
+        return FastJSONResponse({"key": session.key, "urls": session_urls(str(request.base_url), session.key)},
+                                status_code=201)
 
     def answer_trajectory(request: Request, lookup: Callable[[str], Session | None]) -> Response:
         """The trajectory of the session `lookup` finds (reading it, or removing it) by the path's key."""
@@ -79,7 +80,7 @@ def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
         session = lookup(request.path_params["key"])
         if session is None:
             return _problem(404, "no such session")
-        return JSONResponse(trajectory_json(session))
+        return FastJSONResponse(trajectory_json(session))
 
     async def trajectory(request: Request) -> Response:
         return answer_trajectory(request, core.store.get)

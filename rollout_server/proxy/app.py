@@ -3,6 +3,13 @@
 
 A request with no live session's key gets 401 in its dialect's shape, so the
 proxy is never an open relay to the engine.
+
+Model calls (POSTs to the dialect routes) are dispatched by path before
+Starlette's middleware stack and route table, which cost ~0.03 ms of CPU per
+call (measured in-process) on a hop that should add under a millisecond;
+they reach the same endpoints, and everything else (other methods, admin,
+probes, lifespan, requests under a root path) goes through Starlette as
+declared.
 """
 
 from __future__ import annotations
@@ -11,13 +18,14 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import Receive, Scope, Send
 
 from rollout_server.proxy import sse
 from rollout_server.proxy.admin import admin_routes
@@ -27,12 +35,16 @@ from rollout_server.proxy.dialects.gemini import Gemini
 from rollout_server.proxy.dialects.openai_chat import OpenAIChat
 from rollout_server.proxy.dialects.responses import Responses
 from rollout_server.proxy.errors import ProxyError, invalid
+from rollout_server.proxy.jsonio import FastJSONResponse
 from rollout_server.proxy.service import ProxyCore, TurnResult
 from rollout_server.proxy.session import Session
 
 log = logging.getLogger(__name__)
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_GEMINI_PREFIXES = ("/v1beta/models/", "/v1/models/")
+
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _key(request: Request) -> str | None:
@@ -60,6 +72,8 @@ class ProxyApp:
         # Engine calls outlive hung-up clients; references keep them from being collected.
         self._running: set[asyncio.Task[TurnResult]] = set()
         self.openai, self.anthropic, self.responses, self.gemini = OpenAIChat(), Anthropic(), Responses(), Gemini()
+        self.posts = self._posts()
+        self.starlette = self._starlette()
 
     def _session(self, request: Request) -> Session:
         session = self.core.store.get(_key(request))
@@ -67,8 +81,8 @@ class ProxyApp:
             raise ProxyError("authentication", "invalid API key: no live session has this key")
         return session
 
-    def _error(self, dialect: Dialect, err: ProxyError) -> JSONResponse:
-        return JSONResponse(dialect.error(err), status_code=err.status)
+    def _error(self, dialect: Dialect, err: ProxyError) -> Response:
+        return FastJSONResponse(dialect.error(err), status_code=err.status)
 
     async def model_call(self, request: Request, dialect: Dialect, params: dict[str, str]) -> Response:
         try:
@@ -91,17 +105,20 @@ class ProxyApp:
             err = exc if isinstance(exc, ProxyError) else _internal(exc)
             return dialect.stream_error(err)
 
+        if not chat.stream:
+            try:  # shielded: a cancelled handler must not cancel the engine call
+                result = await asyncio.shield(task)
+            except Exception as exc:
+                return self._error(dialect, exc if isinstance(exc, ProxyError) else _internal(exc))
+            body = dialect.response(result, chat)
+            self.core.finish(prepared, result)
+            return FastJSONResponse(body)
         # Short engine failures still come back as plain HTTP errors; only a
         # call that outlasts one keep-alive interval opens the stream early.
-        done, _ = await asyncio.wait({task}, timeout=self.keepalive_s if chat.stream else None)
+        done, _ = await asyncio.wait({task}, timeout=self.keepalive_s)
         if done and task.exception() is not None:
             exc = task.exception()
             return self._error(dialect, exc if isinstance(exc, ProxyError) else _internal(exc))
-        if not chat.stream:
-            result = task.result()
-            body = dialect.response(result, chat)
-            self.core.finish(prepared, result)
-            return JSONResponse(body)
         return StreamingResponse(sse.with_keepalive(task, self.keepalive_s, events, on_error),
                                  media_type="text/event-stream", headers=_SSE_HEADERS)
 
@@ -114,7 +131,7 @@ class ProxyApp:
             return self._error(dialect, err)
         except Exception as exc:
             return self._error(dialect, _internal(exc))
-        return JSONResponse({"totalTokens": count} if dialect is self.gemini else {"input_tokens": count})
+        return FastJSONResponse({"totalTokens": count} if dialect is self.gemini else {"input_tokens": count})
 
     async def probe(self, request: Request) -> Response:
         """`HEAD /` (Claude Code's connectivity check) and `GET /`."""
@@ -128,7 +145,7 @@ class ProxyApp:
         except ProxyError as err:
             return self._error(self.openai, err)
         name = self.core.engine.model
-        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "legorl"}]})
+        return FastJSONResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "legorl"}]})
 
     async def gemini_call(self, request: Request) -> Response:
         model, _, action = request.path_params["target"].partition(":")
@@ -139,22 +156,58 @@ class ProxyApp:
             return self._error(self.gemini, ProxyError("not_found", f"unknown model action {action!r}"))
         return await self.model_call(request, self.gemini, params)
 
-    def dialect_routes(self) -> list[BaseRoute]:
-        def call(dialect: Dialect, handler: Any) -> Any:
+    def _posts(self) -> dict[str, Endpoint]:
+        """The dialects' fixed-path POST routes, at the root and under `/s/<key>`."""
+        def call(dialect: Dialect, handler: Any) -> Endpoint:
             async def endpoint(request: Request) -> Response:
                 return await handler(request, dialect, {})
             return endpoint
 
+        return {
+            "/v1/messages": call(self.anthropic, self.model_call),
+            "/v1/messages/count_tokens": call(self.anthropic, self.count_tokens),
+            "/v1/chat/completions": call(self.openai, self.model_call),
+            "/v1/responses": call(self.responses, self.model_call),
+        }
+
+    def dialect_routes(self) -> list[BaseRoute]:
         return [
             Route("/", self.probe, methods=["GET", "HEAD"]),
-            Route("/v1/messages", call(self.anthropic, self.model_call), methods=["POST"]),
-            Route("/v1/messages/count_tokens", call(self.anthropic, self.count_tokens), methods=["POST"]),
-            Route("/v1/chat/completions", call(self.openai, self.model_call), methods=["POST"]),
-            Route("/v1/responses", call(self.responses, self.model_call), methods=["POST"]),
+            *(Route(path, endpoint, methods=["POST"]) for path, endpoint in self.posts.items()),
             Route("/v1/models", self.models, methods=["GET"]),
-            Route("/v1beta/models/{target}", self.gemini_call, methods=["POST"]),
-            Route("/v1/models/{target}", self.gemini_call, methods=["POST"]),
+            *(Route(prefix + "{target}", self.gemini_call, methods=["POST"]) for prefix in _GEMINI_PREFIXES),
         ]
+
+    def match_post(self, path: str) -> tuple[Endpoint, dict[str, str]] | None:
+        """The endpoint and path parameters Starlette's routes give a POST to
+        `path` (`{key}` and `{target}` match one non-empty segment), when it
+        is a dialect route; None otherwise."""
+        params: dict[str, str] = {}
+        if path.startswith("/s/"):
+            key, slash, rest = path[3:].partition("/")
+            if not key or not slash:
+                return None
+            params["key"], path = key, "/" + rest
+        endpoint = self.posts.get(path)
+        if endpoint is not None:
+            return endpoint, params
+        for prefix in _GEMINI_PREFIXES:
+            target = path[len(prefix):] if path.startswith(prefix) else ""
+            if target and "/" not in target:
+                return self.gemini_call, {**params, "target": target}
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI app. Behind a `root_path` (a mount point) Starlette strips
+        it before routing: such requests take the declared routes."""
+        fast = scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
+        found = self.match_post(scope["path"]) if fast else None
+        if found is None:
+            await self.starlette(scope, receive, send)
+            return
+        endpoint, scope["path_params"] = found
+        response = await endpoint(Request(scope, receive))
+        await response(scope, receive, send)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -164,7 +217,7 @@ class ProxyApp:
         if close is not None:
             await close()
 
-    def build(self) -> Starlette:
+    def _starlette(self) -> Starlette:
         routes = self.dialect_routes()
         return Starlette(lifespan=self.lifespan, routes=[
             Route("/health", self.health, methods=["GET"]),
@@ -175,7 +228,7 @@ class ProxyApp:
         ])
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"ok": True, "sessions": len(self.core.store)})
+        return FastJSONResponse({"ok": True, "sessions": len(self.core.store)})
 
 
 def _internal(exc: BaseException) -> ProxyError:
@@ -185,5 +238,5 @@ def _internal(exc: BaseException) -> ProxyError:
     return ProxyError("engine_unavailable", f"proxy fault: {exc!r}")
 
 
-def build_app(core: ProxyCore, *, keepalive_s: float = 15.0, admin_token: str | None = None) -> Starlette:
-    return ProxyApp(core, keepalive_s=keepalive_s, admin_token=admin_token).build()
+def build_app(core: ProxyCore, *, keepalive_s: float = 15.0, admin_token: str | None = None) -> ProxyApp:
+    return ProxyApp(core, keepalive_s=keepalive_s, admin_token=admin_token)

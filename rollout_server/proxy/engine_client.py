@@ -10,12 +10,13 @@ the proxy's `engine_unavailable`, which each dialect answers as a 503.
 The transport is aiohttp with one keep-alive connection pool per event loop:
 this hop is on every model call, and aiohttp's client costs about a third
 of httpx's CPU per request (scripts/bench_proxy.py measures the whole hop).
+The body goes out as bytes serialised by orjson (`jsonio`): aiohttp's
+`json=` would run the standard library's encoder over the whole prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -24,11 +25,13 @@ import aiohttp
 import httpx
 
 from rollout_server.backends.client import EngineError, completion_body, parse_choice, raise_for_error
+from rollout_server.proxy import jsonio
 from rollout_server.proxy.errors import ProxyError
 
 # Idle connections are dropped before the engines' own 5 s keep-alive (uvicorn,
 # vLLM) closes them: reusing one the server is closing fails the call.
 _KEEPALIVE_S = 2.0
+_JSON = {"content-type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,11 @@ class SamplingParams:
     max_tokens: int
     stop_token_ids: tuple[int, ...]
     prompt_logprobs: bool = False  # also the logprob of each prompt token under the engine's weights
+
+    def record(self) -> dict[str, Any]:
+        """The fields, for the call record: a shallow copy (every field is
+        immutable) where `dataclasses.asdict` would deep-copy each one."""
+        return dict(vars(self))
 
     def as_kwargs(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
@@ -60,6 +68,7 @@ class EngineClient:
 
     def __init__(self, base_url: str, model: str, *, timeout_s: float = 3600.0) -> None:
         self.base_url = base_url.rstrip("/")
+        self._url = f"{self.base_url}/v1/completions"
         self.model = model
         self.timeout_s = timeout_s
         self._http: aiohttp.ClientSession | None = None
@@ -73,20 +82,21 @@ class EngineClient:
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S),
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                cookie_jar=aiohttp.DummyCookieJar(),  # an engine sets none; skips the jar's work per request
             )
             self._loop = loop
         return self._http
 
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            async with self._session().post(f"{self.base_url}/v1/completions", json=body) as response:
+            async with self._session().post(self._url, data=jsonio.dumps(body), headers=_JSON) as response:
                 raw = await response.read()
                 status = response.status
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise EngineError(0, f"POST /v1/completions: {exc!r}", "ConnectionError") from exc
         if status >= 400:  # the backends' reading of an error body (vLLM's shapes), unchanged
             raise_for_error(httpx.Response(status, content=raw))
-        return dict(json.loads(raw))
+        return dict(jsonio.loads(raw))
 
     async def complete(self, prompt_ids: list[int], sampling: SamplingParams) -> EngineCompletion:
         body = completion_body(

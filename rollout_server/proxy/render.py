@@ -13,7 +13,8 @@ previous prompt + completion token for token.
 Rendering the whole conversation on every call costs time linear in its
 length (Jinja dominates the proxy's own time), so each session keeps a
 `PrefixMemo`: the ids up to the end of the last reused turn. A call whose
-messages extend the memo's renders only [system, that turn, what follows]:
+messages extend the memo's renders only [system (where the template's
+text after a turn reads it), that turn, what follows]:
 the text after a sentinel turn depends only on the messages after it, for
 templates that pass the check made when the template is loaded; others, and
 conversations with a turn re-rendered from text (whose rendering may depend
@@ -106,8 +107,8 @@ class ChatTemplate:
         self.turn_end_text = self.tokenizer.decode([self.turn_end_id])
         if not after.startswith(self.turn_end_text) or self.turn_end_id not in self.tokenizer.all_special_ids:
             raise ValueError(f"chat template: assistant turns do not end with a special token (got {after!r})")
-        # Whether a memo can be extended, and whether that render needs the tools.
-        self.incremental, self._suffix_without_tools = self._local_suffixes()
+        # Whether a memo can be extended, and whether that render needs the tools, and the system message.
+        self.incremental, self._suffix_without_tools, self._suffix_without_system = self._local_suffixes()
 
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                add_generation_prompt: bool, enable_thinking: bool) -> str:
@@ -122,12 +123,14 @@ class ChatTemplate:
         end = text.find(self.turn_end_text, at) if at >= 0 else -1
         return None if end < 0 else text[end + len(self.turn_end_text):]
 
-    def _local_suffixes(self) -> tuple[bool, bool]:
+    def _local_suffixes(self) -> tuple[bool, bool, bool]:
         """Whether this template renders the text after a sentinel turn from
-        the system message and the messages after that turn alone, and
-        whether it does so without the tools too (a long tool list is most of
-        the template's work): checked on a conversation with every message
-        kind, with and without a system message, with and without thinking."""
+        the system message and the messages after that turn alone; whether it
+        does so without the tools too (a long tool list is most of the
+        template's work); and whether also without the system message (one
+        message less to render on every call): checked on a conversation with
+        every message kind, with and without a system message, with and
+        without thinking."""
         def turn(i: int) -> dict[str, Any]:
             return {"role": "assistant", "content": _SENTINEL.format(i)}
 
@@ -139,9 +142,9 @@ class ChatTemplate:
                 turn(5), {"role": "user", "content": "<tool_response>\nx\n</tool_response>"}, turn(7),
                 {"role": "user", "content": "next"}, turn(9), {"role": "tool", "content": "r3", "tool_call_id": "c"}]
 
-        def same(reduced_tools: list[dict[str, Any]] | None) -> bool:
+        def same(reduced_tools: list[dict[str, Any]] | None, keep_system: bool) -> bool:
             for base in (conv, conv[1:]):  # with and without a system message
-                head, offset = base[:1] if base[0]["role"] == "system" else [], len(conv) - len(base)
+                head, offset = base[:1] if keep_system and base[0]["role"] == "system" else [], len(conv) - len(base)
                 for thinking in (True, False):
                     full = self._apply(base, tools, True, thinking)
                     for k in (i for i, m in enumerate(base) if m["role"] == "assistant"):
@@ -151,10 +154,14 @@ class ChatTemplate:
                             return False
             return True
 
-        try:
-            return same(tools), same(None)
-        except (TemplateError, ValueError, TypeError):
-            return False, False
+        def holds(reduced_tools: list[dict[str, Any]] | None, keep_system: bool) -> bool:
+            try:
+                return same(reduced_tools, keep_system)
+            except (TemplateError, ValueError, TypeError):  # e.g. a template that wants a user message first
+                return False
+
+        local, without_tools = holds(tools, True), holds(None, True)
+        return local, without_tools, local and holds(None if without_tools else tools, False)
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Tokenizes a text piece; the pieces recur on every call of a session
@@ -200,7 +207,8 @@ class ChatTemplate:
                 and {i: t.index for i, t in matched.items() if i <= k} == memo.turns
                 and request.messages[:k + 1] == memo.messages):
             return None
-        head = [request.messages[0]] if request.messages[0].role == "system" else []
+        system = request.messages[0].role == "system" and not self._suffix_without_system
+        head = [request.messages[0]] if system else []
         reduced = [*head, *request.messages[k:]]
         shift = k - len(head)  # reduced position + shift = position in the request
         reduced_matched = {i - shift: t for i, t in matched.items() if i >= k}

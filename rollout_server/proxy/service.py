@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from legorl_jax.config import ProxyConfig
@@ -126,7 +126,7 @@ class ProxyCore:
             prompt_tokens=len(call.prompt.ids), completion_tokens=len(ids),
             finish_reason=completion.finish_reason, tool_calls=len(output.tool_calls),
             parse_error=output.parse_error, reused_turns=call.prompt.reused_turns,
-            unmatched_turns=call.prompt.unmatched_turns, sampling=asdict(sampling),
+            unmatched_turns=call.prompt.unmatched_turns, sampling=sampling.record(),
             policy_version=version, engine_latency_s=engine_latency,
             incremental_render=call.prompt.incremental, recomputed_tokens=0 if merged else len(retrained[0]),
         ))

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from rollout_server.proxy.conversation import ChatRequest, Message, ToolCall
-from rollout_server.proxy.render import ChatTemplate, PrefixMemo, SampledTurn
+from rollout_server.proxy.render import ChatTemplate, PrefixMemo, Prompt, SampledTurn
 from .scripted_engine import ScriptedEngine
 from .test_anthropic import CACHE
 from .test_gemini import TOOLS as GEMINI_TOOLS
@@ -136,16 +136,25 @@ def _turn(template: ChatTemplate, index: int, text: str) -> SampledTurn:
     return SampledTurn(index, ids, (1,) * len(ids), (-0.5,) * len(ids), AssistantOutput(text, None, ()))
 
 
-def test_memo_is_dropped_when_history_changes_or_a_turn_is_re_rendered(template: ChatTemplate) -> None:
-    turns = [_turn(template, i, f"<think>\nplan {i}\n</think>\n\nanswer {i}") for i in range(3)]
+def _grow(template: ChatTemplate, turns: list[SampledTurn], memo: PrefixMemo) -> tuple[list[Message], Prompt]:
+    """A conversation [system, q0, answer 0, q1, ...] rendered call by call
+    with `memo`, each render from the second on incremental and the same as
+    a full render; returns the messages and the last full render."""
     messages = [Message("system", "sys"), Message("user", "q0")]
-    memo = PrefixMemo()
-    for i, turn in enumerate(turns):
+    for i in range(len(turns)):
         messages += [Message("assistant", f"answer {i}"), Message("user", f"q{i + 1}")]
         matched = {2 * j + 2: t for j, t in enumerate(turns[: i + 1])}
         prompt = template.render(ChatRequest(list(messages)), matched, True, memo)
         assert prompt.incremental == (i > 0)
-        assert prompt.ids == template.render(ChatRequest(list(messages)), matched, True).ids
+        full = template.render(ChatRequest(list(messages)), matched, True)
+        assert (prompt.ids, prompt.reused_spans) == (full.ids, full.reused_spans)
+    return messages, full
+
+
+def test_memo_is_dropped_when_history_changes_or_a_turn_is_re_rendered(template: ChatTemplate) -> None:
+    turns = [_turn(template, i, f"<think>\nplan {i}\n</think>\n\nanswer {i}") for i in range(3)]
+    memo = PrefixMemo()
+    messages, _ = _grow(template, turns, memo)
     # An earlier user message edited: the memo no longer applies.
     edited = [*messages[:3], Message("user", "q1 edited"), *messages[4:]]
     matched = {2 * j + 2: t for j, t in enumerate(turns)}
@@ -170,6 +179,24 @@ def test_template_with_non_local_turns_never_renders_incrementally(tokenizer: An
     for extra in range(3):
         messages = [Message("user", "q"), Message("assistant", "hi"), *[Message("user", f"u{j}") for j in range(extra + 1)]]
         assert not template.render(ChatRequest(messages), {1: turn}, True, memo).incremental
+
+
+def test_template_whose_turns_read_the_system_message_keeps_it_in_incremental_renders(tokenizer: Any) -> None:
+    """The demo template's text after a turn ignores the system message, so
+    incremental renders leave it out; one whose user turns repeat the system
+    text keeps it, and both match a full render id for id."""
+    reading = copy.deepcopy(tokenizer)
+    system_text = '(messages[0].content if messages[0].role == "system" else "")'
+    reading.chat_template = tokenizer.chat_template.replace(
+        '"<|im_start|>user\\n" ~ content', f'"<|im_start|>user\\n" ~ {system_text} ~ content')
+    assert reading.chat_template != tokenizer.chat_template
+    plain, system_reading = ChatTemplate(tokenizer), ChatTemplate(reading)
+    assert plain._suffix_without_system and not system_reading._suffix_without_system
+    for template in (plain, system_reading):
+        assert template.incremental
+        _, full = _grow(template, [_turn(template, i, f"answer {i}") for i in range(3)], PrefixMemo())
+        # The reading template's user turns really carry the system text: leaving it out would change the ids.
+        assert ("sysq3" in template.decode(full.ids)) == (template is system_reading)
 
 
 def test_tool_call_turns_with_reused_ids_keep_their_places(template: ChatTemplate) -> None:
