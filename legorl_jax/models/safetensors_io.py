@@ -44,7 +44,7 @@ _MAX_HEADER = 100 * 2**20  # the format's own limit on the JSON header
 # (writes measured 10% faster than with the library's 8-byte alignment; scripts/bench_hf_io.py).
 _DATA_ALIGN = 4096
 _CHUNK = 16 * 2**20  # contiguous reads are split so that one large tensor also keeps several reads in flight
-_READERS = 4
+_READERS = min(8, os.cpu_count() or 1)  # reads in flight; more than the cores measured slower here
 
 
 class SafetensorsFileError(ValueError):
