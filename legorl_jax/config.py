@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -76,6 +76,9 @@ class OptimizerConfig(Strict):
     b2: float = Field(0.999, ge=0, lt=1)
     eps: float = Field(1e-8, gt=0)
     grad_clip_norm: float = Field(1.0, gt=0, description="Global-norm gradient clip.")
+    # Set when total_steps was taken from the run's: a dumped config then leaves it out, so that
+    # reloading it with another run length still spans the run.
+    _horizon_from_run: bool = PrivateAttr(False)
 
 
 class CheckpointConfig(Strict):
@@ -285,8 +288,9 @@ class Config(Strict):
         # Without a horizon of its own, the decay spans the run, whatever total_steps a --set gives it
         # (a fixed horizon shorter than the run would leave the rest of it at a learning rate of 0).
         optimizer = self.learner.optimizer
-        if "total_steps" not in optimizer.model_fields_set:
+        if "total_steps" not in optimizer.model_fields_set or optimizer._horizon_from_run:
             optimizer.total_steps = self.total_steps
+            optimizer._horizon_from_run = True
         return self
 
 
@@ -362,4 +366,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def dump_config(config: Config) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    data = config.model_dump(mode="json")
+    if config.learner.optimizer._horizon_from_run:
+        del data["learner"]["optimizer"]["total_steps"]
+    return yaml.safe_dump(data, sort_keys=False)

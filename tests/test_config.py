@@ -93,3 +93,12 @@ def test_schedule_horizon_follows_the_run_unless_set() -> None:
     assert config.learner.optimizer.total_steps == 7
     pinned = load_config(DEFAULT_CONFIG, ["total_steps=7", "learner.optimizer.total_steps=50"])
     assert pinned.learner.optimizer.total_steps == 50
+
+
+def test_a_dumped_config_keeps_the_horizon_following_the_run(tmp_path: Path) -> None:
+    # A run's saved config.yaml, reloaded to run longer, must not keep the old run's horizon.
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(load_config(DEFAULT_CONFIG, ["total_steps=7"])))
+    assert load_config(saved, ["total_steps=40"]).learner.optimizer.total_steps == 40
+    saved.write_text(dump_config(load_config(DEFAULT_CONFIG, ["learner.optimizer.total_steps=50"])))
+    assert load_config(saved, ["total_steps=40"]).learner.optimizer.total_steps == 50
