@@ -93,8 +93,9 @@ class Fleet:
         self._addresses = list(addresses)
         if not self._addresses:
             raise FleetError("no rollout server addresses given")
-        self._security = client_security(security)  # a missing CA file or token fails here, not at the first call
-        self._metadata = self._security.metadata
+        # Also what a weight streamer to these servers uses. A missing CA file or token fails here,
+        # not at the first call.
+        self.security = client_security(security)
         self._max_retries = max_retries
         self._rpc_timeout_s = rpc_timeout_s
         self._probe_interval_s = probe_interval_s
@@ -109,7 +110,7 @@ class Fleet:
 
     async def __aenter__(self) -> Fleet:
         for address in self._addresses:
-            channel = self._security.channel(address)
+            channel = self.security.channel(address)
             self._servers.append(_Server(address, pb_grpc.RolloutServiceStub(channel), channel))
         await self.refresh()
         if not any(s.alive for s in self._servers):
@@ -128,7 +129,7 @@ class Fleet:
 
     async def _probe(self, server: _Server) -> None:
         try:
-            status = await server.stub.GetStatus(pb.GetStatusRequest(), timeout=5.0, metadata=self._metadata)
+            status = await server.stub.GetStatus(pb.GetStatusRequest(), timeout=5.0, metadata=self.security.metadata)
         except grpc.aio.AioRpcError as exc:
             server.last_error = f"{exc.code().name}: {exc.details()}"
             if server.alive:
@@ -148,7 +149,7 @@ class Fleet:
             reply = await server.stub.UpdateWeights(
                 pb.UpdateWeightsRequest(version=version, location=location),
                 timeout=self._rpc_timeout_s,
-                metadata=self._metadata,
+                metadata=self.security.metadata,
             )
             return server.address, reply.loaded_version
 
@@ -220,7 +221,7 @@ class Fleet:
                 labels=dict(spec.labels),
             )
             try:
-                call = server.stub.Rollout(request, timeout=self._rpc_timeout_s, metadata=self._metadata)
+                call = server.stub.Rollout(request, timeout=self._rpc_timeout_s, metadata=self.security.metadata)
                 async for trajectory in call:
                     trajectory.group_id = group_id
                     trajectory.trial_index = len(received)

@@ -18,15 +18,14 @@ import itertools
 import json
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from legorl_jax.build_once import build_once
 from legorl_jax.config import REPO_ROOT, DemoVariantsConfig
-from rollout_server.tasks import Task, load_tasks
+from rollout_server.tasks import Task, demo_tasks, load_tasks
 
 Split = Literal["train", "eval"]
 
@@ -297,12 +296,8 @@ def _write(variants: list[Variant], root: Path) -> Path:
     for variant in variants:
         for path, text in sorted(variant.files().items()):
             digest.update(f"\0{variant.name}/{path}\0{text}".encode())
-    target = root / digest.hexdigest()[:20]
-    if (target / ".complete").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=root))
-    try:
+
+    def write(tmp: Path) -> None:
         for variant in variants:
             for path, text in variant.files().items():
                 out = tmp / variant.name / path
@@ -311,13 +306,8 @@ def _write(variants: list[Variant], root: Path) -> Path:
                 if path.endswith(".sh"):
                     out.chmod(0o755)
         (tmp / ".complete").write_text("")
-        try:
-            os.rename(tmp, target)
-        except OSError:  # a concurrent writer finished first; its tree is identical
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return build_once(root / digest.hexdigest()[:20], write, lambda d: (d / ".complete").is_file())
 
 
 def default_cache_root() -> Path:
@@ -351,3 +341,9 @@ def demo_task_splits(spec: DemoVariantsConfig) -> dict[Split, list[Task]]:
         )
         for split in ("train", "eval")
     }
+
+
+def all_demo_tasks(spec: DemoVariantsConfig) -> list[Task]:
+    """Every task `tasks.demo` puts on a rollout server: the hand-written demo tasks and all generated variants."""
+    splits = demo_task_splits(spec)
+    return [*demo_tasks(), *splits["train"], *splits["eval"]]

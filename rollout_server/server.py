@@ -30,8 +30,8 @@ from rollout_server.proxy.engine_client import EngineClient as ProxyEngineClient
 from rollout_server.proxy.service import build_core
 from rollout_server.sandbox import SandboxFactory
 from rollout_server.service import RolloutService, ServiceLimits
-from rollout_server.demo_families import demo_task_splits
-from rollout_server.tasks import Task, demo_tasks, load_tasks
+from rollout_server.demo_families import all_demo_tasks
+from rollout_server.tasks import Task, load_tasks
 from rollout_server.trial import TrialHost
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def server_tasks(config: Config) -> dict[str, Task]:
     tasks = load_tasks([*config.tasks.train, *config.tasks.eval])
     if config.tasks.demo:
-        tasks.extend(demo_tasks())
-        for split in demo_task_splits(config.tasks.demo_variants).values():
-            tasks.extend(split)
+        tasks.extend(all_demo_tasks(config.tasks.demo_variants))
     return {task.name: task for task in tasks}
 
 

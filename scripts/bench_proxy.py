@@ -168,12 +168,6 @@ async def _replay(http: Any, url: str, bodies: list[dict[str, Any]], out: list[f
             raise RuntimeError(f"{url}: {reply.status_code} {reply.text[:300]}")
 
 
-def _completion_body(prompt: list[int]) -> dict[str, Any]:
-    """What the proxy sends the engine (rollout_server.backends.client.completion_body), minus sampling noise."""
-    return {"model": "bench", "prompt": prompt, "max_tokens": 1024, "logprobs": 0, "return_token_ids": True,
-            "temperature": 1.0, "top_p": 1.0, "top_k": -1, "stream": False, "return_tokens_as_token_ids": True}
-
-
 class _Tally:
     """Per path: call latencies, wall time of the phases, and the serving
     process's CPU time during them (not during trajectory fetches)."""
@@ -205,14 +199,18 @@ class _Tally:
 
 async def _ours(http: Any, proxy: str, engine: str, sessions: int, concurrency: int, turns: int,
                 tally: _Tally) -> list[dict[str, Any]]:
+    from rollout_server.backends.client import completion_body
+
     admin = {"authorization": f"Bearer {ADMIN}"}
     made = [(await http.post(f"{proxy}/admin/sessions", json={}, headers=admin)).json() for _ in range(sessions)]
     await tally.phase("ours", sessions, concurrency, lambda i, out: _tool_loop(
         http, made[i]["urls"]["openai"], {"authorization": f"Bearer {made[i]['key']}"}, turns, out, []))
     trajectories = [(await http.get(f"{proxy}/admin/sessions/{m['key']}/trajectory", headers=admin)).json()
                     for m in made]
-    # The same prompts, straight to the engine, with the same concurrency.
-    prompts = [[_completion_body(p) for p in _prompts(t)] for t in trajectories]
+    # The same prompts, straight to the engine, with the same concurrency, in the body the
+    # proxy's engine client builds (minus the session's sampling).
+    prompts = [[completion_body(p, "bench", max_tokens=1024, return_tokens_as_token_ids=True) for p in _prompts(t)]
+               for t in trajectories]
     await tally.phase("direct", sessions, concurrency,
                       lambda i, out: _replay(http, f"{engine}/v1/completions", prompts[i], out))
     return trajectories

@@ -19,7 +19,8 @@ is what the overlap hid.
 Part 2 publishes a larger random model with `DirectoryPublisher` and has a
 rollout server load it (`Fleet.update_weights`: gRPC, engine pause, reload,
 resume), timed against a raw copy (read + write) of the same safetensors
-bytes, in alternating pairs; the median ratio is reported.
+bytes right after each publish (so the copy reads them from the page cache);
+the median ratio over the pairs is reported.
 
     .venv/bin/python scripts/bench_train.py [--steps 5] [--warmup 1] [--io-hidden 512]
 """

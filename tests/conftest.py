@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +60,29 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             if IN_CI:
                 pytest.fail(f"CI=true and this test needs {marker}: {reason}", pytrace=False)
             pytest.skip(reason)
+
+
+# Test assets many suites share, built once per session (imports inside: every test loads this file).
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo tokenizer (byte-level BPE with Qwen3's special tokens and chat template)."""
+    from legorl_jax.models.tokenizer import build_demo_tokenizer
+
+    return Path(build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer")))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random HF checkpoint with the demo tokenizer, for the embedded engine and the learner."""
+    from legorl_jax.models.demo_assets import build_tiny_hf_model
+
+    return build_tiny_hf_model(tmp_path_factory.mktemp("model") / "tiny")

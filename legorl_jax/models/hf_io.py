@@ -77,12 +77,18 @@ def _weight_files(path: Path) -> dict[str, SafetensorsFile]:
 
 def abstract_model(config: ModelConfig) -> CausalLM:
     """The model with ShapeDtypeStruct leaves: shapes without allocating or initialising."""
-    graphdef, flat = _abstract_split(config)
-    return nnx.merge(graphdef, nnx.from_flat_state([(p, var.replace(var.get_value())) for p, var in flat]))
+    graphdef, flat = _abstract_parts(config)
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _abstract_parts(config: ModelConfig) -> tuple[nnx.GraphDef[CausalLM], list[tuple[Any, nnx.Variable[Any]]]]:
+    """The abstract model's graph and fresh (path, Variable) pairs, free for the caller to fill."""
+    graphdef, flat = _traced_model(config)
+    return graphdef, [(p, var.replace(var.get_value())) for p, var in flat]
 
 
 @functools.lru_cache(maxsize=8)
-def _abstract_split(config: ModelConfig) -> tuple[nnx.GraphDef[CausalLM], tuple[tuple[Any, nnx.Variable[Any]], ...]]:
+def _traced_model(config: ModelConfig) -> tuple[nnx.GraphDef[CausalLM], tuple[tuple[Any, nnx.Variable[Any]], ...]]:
     # Tracing the constructor costs tens of milliseconds of Python per call;
     # the engine re-imports the same architecture on every weight update.
     graphdef, state = nnx.split(nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0))))
@@ -112,8 +118,7 @@ def from_hf(
         attention_kernel=attention_kernel,
     )
     files = _weight_files(path)
-    graphdef, abstract = _abstract_split(config)
-    flat = [(p, var.replace(var.get_value())) for p, var in abstract]
+    graphdef, flat = _abstract_parts(config)
     used: set[str] = set()
     for p, var in flat:
         tmap = tensor_map(p)

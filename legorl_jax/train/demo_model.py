@@ -25,9 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from legorl_jax.build_once import build_once
 from legorl_jax.config import DEFAULT_CONFIG, Config, load_config
 from legorl_jax.models import demo_assets, from_hf, to_hf
 from legorl_jax.models import tokenizer as demo_tokenizer
@@ -235,22 +234,11 @@ def ensure_demo_model(
     harnesses = [dict(h) for h in spec.harnesses] or demo_harness_options()
     key = cache_key(spec, tasks, harnesses)
     target = Path(cache_dir) / f"demo-model-{key[:20]}"
-    if _is_complete(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log.info("building the demo model into %s (one time; a few minutes)", target)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    try:
+
+    def build(tmp: Path) -> None:
+        log.info("building the demo model into %s (one time; a few minutes)", target)
         info = build_demo_model(tmp, spec, tasks, harnesses, progress=progress)
         info["cache_key"] = key
         (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            # Another builder got there first (or a stale partial dir sits there): keep a complete one.
-            if not _is_complete(target):
-                shutil.rmtree(target, ignore_errors=True)
-                os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return build_once(target, build, _is_complete)

@@ -156,7 +156,7 @@ class Trainer:
         groups = [g async for g in fleet.rollout(specs)]
         metrics = rollout_metrics(groups)
         if self.rollouts is not None:
-            self.rollouts.write(self.step, "eval", [t for g in groups for t in g.trajectories])
+            await asyncio.to_thread(self.rollouts.write, self.step, "eval", [t for g in groups for t in g.trajectories])
         out = {"eval_pass_rate": metrics.get("pass_rate", 0.0), "eval_reward": metrics.get("reward/mean", 0.0)}
         out.update({f"eval_{k}": v for k, v in metrics.items() if k.startswith("pass_rate/")})
         return out
@@ -228,10 +228,9 @@ class Trainer:
     def _subscribers(self, fleet: Fleet) -> WeightSubscribers:
         if self.config.fleet.weights_transport == "location":
             return fleet
-        from legorl_jax.grpc_auth import client_security
         from legorl_jax.train.weight_stream import WeightStreamer
 
-        return WeightStreamer(fleet.addresses, security=client_security(self.config.fleet.security))
+        return WeightStreamer(fleet.addresses, security=fleet.security)
 
     async def _steps(
         self, fleet, subscribers, sampler, learner, checkpoints, publisher, runlog, rng, eval_ids, choices, progress
@@ -285,7 +284,10 @@ class Trainer:
                     / max(batch.rollout_s, 1e-9),
                 }
                 runlog.write(record)
-                self.rollouts.write(self.step, "train", [t for g in batch.groups for t in g.trajectories])
+                # Decoding every sampled span takes a while at scale: off the loop, where the next batch's
+                # rollouts (lag > 0) are being collected.
+                trajectories = [t for g in batch.groups for t in g.trajectories]
+                await asyncio.to_thread(self.rollouts.write, self.step, "train", trajectories)
                 runlog.show(record, progress.write)
                 progress.update(1)
                 progress.set_postfix(reward=f"{record.get('reward/mean', 0.0):.3f}")

@@ -117,11 +117,16 @@ class ChatTemplate:
             enable_thinking=enable_thinking, tokenize=False,
         )
 
-    def _after_turn(self, text: str, position: int) -> str | None:
-        """The text after sentinel turn `position` ends, None if it is not there."""
+    def _turn_end(self, text: str, position: int) -> int:
+        """Where the text after sentinel turn `position` starts, -1 if the turn is not there."""
         at = text.find(_SENTINEL.format(position))
         end = text.find(self.turn_end_text, at) if at >= 0 else -1
-        return None if end < 0 else text[end + len(self.turn_end_text):]
+        return -1 if end < 0 else end + len(self.turn_end_text)
+
+    def _after_turn(self, text: str, position: int) -> str | None:
+        """The text after sentinel turn `position` ends, None if it is not there."""
+        end = self._turn_end(text, position)
+        return None if end < 0 else text[end:]
 
     def _local_suffixes(self) -> tuple[bool, bool, bool]:
         """Whether this template renders the text after a sentinel turn from
@@ -217,13 +222,11 @@ class ChatTemplate:
                               enable_thinking)
         except ProxyError:
             return None  # e.g. a template that wants a user message first: render in full
-        at = text.find(_SENTINEL.format(k - shift))
-        end = text.find(self.turn_end_text, at) if at >= 0 else -1
-        if end < 0:
+        cursor = self._turn_end(text, k - shift)
+        if cursor < 0:
             return None
         later = sorted(i for i in reduced_matched if i > k - shift)
-        return self._splice(text, later, reduced_matched, end + len(self.turn_end_text), list(memo.ids),
-                            list(memo.spans), shift)
+        return self._splice(text, later, reduced_matched, cursor, list(memo.ids), list(memo.spans), shift)
 
     def _text(self, messages: list[Message], matched: dict[int, SampledTurn], tools: list[ToolSpec],
               enable_thinking: bool) -> str:

@@ -181,16 +181,14 @@ def main() -> int:
     import time
 
     from legorl_jax.config import DEFAULT_CONFIG, load_config
-    from rollout_server.demo_families import demo_task_splits
-    from rollout_server.tasks import demo_tasks
+    from rollout_server.demo_families import all_demo_tasks
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     client = docker.from_env(timeout=600)
     began = time.perf_counter()
     ensure_base_image(client)
     log.info("%s ready in %.1fs", BASE_IMAGE, time.perf_counter() - began)
-    generated = demo_task_splits(load_config(DEFAULT_CONFIG).tasks.demo_variants)
-    for task in [*demo_tasks(), *generated["train"], *generated["eval"]]:
+    for task in all_demo_tasks(load_config(DEFAULT_CONFIG).tasks.demo_variants):
         ensure_task_image(client, task.environment_dir, task.config.environment.docker_image)
     log.info("demo task images ready in %.1fs", time.perf_counter() - began)
     return 0

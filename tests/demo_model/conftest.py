@@ -1,14 +1,12 @@
-"""Shared fixtures: the base demo tokenizer and demonstrations recorded once per session."""
+"""Shared fixtures: the demo task families and demonstrations recorded once per
+session (the demo tokenizer comes from tests/conftest.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
 
-from legorl_jax.models.tokenizer import build_demo_tokenizer
 from legorl_jax.train.demonstrations import Demonstration, record_demonstrations
 from rollout_server.demo_families import FAMILIES, generated_tasks
 from rollout_server.harnesses.lego import LegoOptions
@@ -28,16 +26,6 @@ def family_tasks(tmp_path_factory: pytest.TempPathFactory) -> list[Task]:
     return generated_tasks(
         "train", sorted(FAMILIES), train_per_family=1, eval_per_family=0, cache_root=tmp_path_factory.mktemp("tasks")
     )
-
-
-@pytest.fixture(scope="session")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer"))
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tokenizer_dir: Path) -> Any:
-    return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,10 +17,10 @@ from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.harnesses import get_harness
 from rollout_server.proxy.session import SessionStore
 from rollout_server.sandbox import SandboxError, SandboxFactory
-from rollout_server.tasks import load_task
+from rollout_server.tasks import DEMO_TASKS_DIR, load_task
 from rollout_server.trial import TrialHost, TrialSpec, run_trial
 
-TASK = Path(__file__).resolve().parents[2] / "rollout_server" / "demo_tasks" / "edit-config"
+TASK = DEMO_TASKS_DIR / "edit-config"
 
 
 @pytest.fixture

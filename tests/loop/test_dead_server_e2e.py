@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from .test_train_e2e import HERE, model_dir, train_command, train_steps  # noqa: F401  (model_dir: a fixture)
+from .test_train_e2e import HERE, train_command, train_steps
 
 LEGORL = str(Path(sys.executable).with_name("legorl"))
 _LISTENING = re.compile(r"rollout server on (\S+)")

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from legorl_jax.models.tokenizer import build_demo_tokenizer
 from legorl_jax.train.rollout_log import ROLLOUTS_FILE, RolloutLog, sampled_spans
 from protos.legorl.v1 import rollout_pb2 as pb
 
@@ -18,11 +17,6 @@ def test_sampled_spans_are_the_runs_of_mask_ones() -> None:
     assert sampled_spans([1, 2], [0, 0]) == []
     with pytest.raises(ValueError):
         sampled_spans([1, 2], [1])
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_demo_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def test_records_decode_sampled_text_and_resume_cuts_back(tokenizer_dir: Path, tmp_path: Path) -> None:

@@ -10,23 +10,14 @@ on; trials run in the local sandbox to keep the test short.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from legorl_jax.models.demo_assets import build_tiny_hf_model
-
-    return build_tiny_hf_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 def train_command(model_dir: Path, run_dir: Path, steps: int) -> list[str]:

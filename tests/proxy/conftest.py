@@ -1,5 +1,6 @@
-"""Fixtures: the demo tokenizer, a scripted test engine and the proxy, each
-served by uvicorn on a local port for the whole test session."""
+"""Fixtures: the chat template of the demo tokenizer (tests/conftest.py), a
+scripted test engine and the proxy, each served by uvicorn on a local port for
+the whole test session."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from transformers import AutoTokenizer
 
-from legorl_jax.models.tokenizer import build_demo_tokenizer
 from rollout_server.proxy.app import build_app
 from rollout_server.proxy.engine_client import EngineClient
 from rollout_server.proxy.render import ChatTemplate, Prompt
@@ -21,11 +20,6 @@ from .scripted_engine import ScriptedEngine, ServerThread
 
 ADMIN_TOKEN = "admin-test-token"
 MAX_CONTEXT = 4096
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return AutoTokenizer.from_pretrained(build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer")))
 
 
 @pytest.fixture(scope="session")

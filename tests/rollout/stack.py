@@ -29,8 +29,8 @@ from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.sandbox.reaper import OWNER_LABEL, TRIAL_LABEL
 from rollout_server.server import RolloutServer
+from rollout_server.tasks import DEMO_TASKS_DIR
 
-DEMO_TASKS = Path(__file__).resolve().parents[2] / "rollout_server" / "demo_tasks"
 # The instruction carries the trial's script name, the only per-trial part of its first prompt.
 _SCRIPT_TAG = re.compile(r"\[script:([\w-]+)\]")
 _ASSISTANT_TURN = "<|im_start|>assistant"
@@ -101,7 +101,7 @@ def prompted(engine: ScriptedEngine, name: str) -> Callable[[], bool]:
 def task_variant(root: Path, name: str, *, base: str = "edit-config", memory_mb: int | None = None) -> Path:
     """A copy of a demo task renamed `name`, its instruction tagged with `[script:name]`."""
     task = root / name
-    shutil.copytree(DEMO_TASKS / base, task)
+    shutil.copytree(DEMO_TASKS_DIR / base, task)
     toml = (task / "task.toml").read_text()
     toml = toml.replace(f'name = "{base}"', f'name = "{name}"')
     if memory_mb is not None:

@@ -27,13 +27,13 @@ from legorl_jax.config import REPO_ROOT
 from legorl_jax.train.demonstrations import solution_command, tool_call_text
 from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.harnesses.tools import NPM_DIR, ROOT
-from rollout_server.tasks import load_task
+from rollout_server.tasks import DEMO_TASKS_DIR, load_task
 
-from .stack import DEMO_TASKS, engine_on_host, rollout, running_server, scripted_server_config, trial_containers
+from .stack import engine_on_host, rollout, running_server, scripted_server_config, trial_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.npm]
 
-TASK = DEMO_TASKS / "edit-config"
+TASK = DEMO_TASKS_DIR / "edit-config"
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ import pytest
 
 from legorl_jax.train.demonstrations import solution_command
 from protos.legorl.v1 import rollout_pb2 as pb
-from rollout_server.tasks import load_task
+from rollout_server.tasks import DEMO_TASKS_DIR, load_task
 
-from .stack import DEMO_TASKS, by_script, engine_on_host, observations
+from .stack import by_script, engine_on_host, observations
 from .stack import rollout, rollout_request, running_server, scripted_server_config, task_variant, trial_containers
 
 pytestmark = pytest.mark.docker
@@ -76,7 +76,7 @@ def listener() -> Iterator[CountingListener]:
 
 
 def attacks(gateway: str, proxy_port: int, engine_port: int, host_port: int, bridge_gateway: str) -> dict[str, str]:
-    solve = solution_command(load_task(DEMO_TASKS / "edit-config"))
+    solve = solution_command(load_task(DEMO_TASKS_DIR / "edit-config"))
     control = (gateway, proxy_port)
     return {
         "read-tests": "cat /tests/test.sh /tests/check_config.py; ls /tests /solution; "
