@@ -27,7 +27,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Receive, Scope, Send
 
-from rollout_server.proxy import sse
+from rollout_server.proxy import jsonio, sse
 from rollout_server.proxy.admin import admin_routes
 from rollout_server.proxy.dialects import Dialect
 from rollout_server.proxy.dialects.anthropic import Anthropic
@@ -59,7 +59,7 @@ def _key(request: Request) -> str | None:
 async def _body(request: Request) -> Any:
     raw = await request.body()
     try:
-        return json.loads(raw)
+        return jsonio.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"request body is not valid JSON: {exc}") from exc
 

@@ -7,31 +7,24 @@ from "token_id:<n>" logprob tokens, paired with logprobs by position); this
 adapter applies the session's sampling and turns every engine failure into
 the proxy's `engine_unavailable`, which each dialect answers as a 503.
 
-The transport is aiohttp with one keep-alive connection pool per event loop:
-this hop is on every model call, and aiohttp's client costs about a third
-of httpx's CPU per request (scripts/bench_proxy.py measures the whole hop).
-The body goes out as bytes serialised by orjson (`jsonio`): aiohttp's
-`json=` would run the standard library's encoder over the whole prompt.
+The transport is `engine_transport` (keep-alive connections, the least CPU
+per call: this hop is on every model call); bodies are serialised and parsed
+by orjson (`jsonio`), the standard library's encoder taking up to a tenth of
+a millisecond over a long prompt.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import httpx
 
 from rollout_server.backends.client import EngineError, completion_body, parse_choice, raise_for_error
 from rollout_server.proxy import jsonio
+from rollout_server.proxy.engine_transport import EngineConnectionError, EngineTransport
 from rollout_server.proxy.errors import ProxyError
-
-# Idle connections are dropped before the engines' own 5 s keep-alive (uvicorn,
-# vLLM) closes them: reusing one the server is closing fails the call.
-_KEEPALIVE_S = 2.0
-_JSON = {"content-type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -68,31 +61,14 @@ class EngineClient:
 
     def __init__(self, base_url: str, model: str, *, timeout_s: float = 3600.0) -> None:
         self.base_url = base_url.rstrip("/")
-        self._url = f"{self.base_url}/v1/completions"
         self.model = model
         self.timeout_s = timeout_s
-        self._http: aiohttp.ClientSession | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _session(self) -> aiohttp.ClientSession:
-        """The connection pool of the running event loop (created on first use:
-        the proxy may be built outside the loop that serves it)."""
-        loop = asyncio.get_running_loop()
-        if self._http is None or self._http.closed or self._loop is not loop:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                cookie_jar=aiohttp.DummyCookieJar(),  # an engine sets none; skips the jar's work per request
-            )
-            self._loop = loop
-        return self._http
+        self._transport = EngineTransport(self.base_url)
 
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            async with self._session().post(self._url, data=jsonio.dumps(body), headers=_JSON) as response:
-                raw = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            status, raw = await self._transport.post("/v1/completions", jsonio.dumps(body), self.timeout_s)
+        except (EngineConnectionError, TimeoutError) as exc:
             raise EngineError(0, f"POST /v1/completions: {exc!r}", "ConnectionError") from exc
         if status >= 400:  # the backends' reading of an error body (vLLM's shapes), unchanged
             raise_for_error(httpx.Response(status, content=raw))
@@ -123,5 +99,4 @@ class EngineClient:
                                 None if prompt is None else tuple(prompt))
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.close()
+        await self._transport.aclose()

@@ -26,6 +26,7 @@ ids.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,7 @@ class ChatTemplate:
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._encode, self._decode = _codec(tokenizer)
         base = [{"role": "user", "content": "x"}]
         with_prompt = self._apply(base, None, True, True)
         without = self._apply(base, None, False, True)
@@ -173,7 +175,7 @@ class ChatTemplate:
         (system prompt, tool results), so they are cached."""
         ids = self._cache.get(text)
         if ids is None:
-            ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            ids = self._encode(text)
             self._cache[text] = ids
             if len(self._cache) > _CACHE_ENTRIES:
                 self._cache.popitem(last=False)
@@ -182,7 +184,7 @@ class ChatTemplate:
         return ids
 
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        return self._decode(list(ids))
 
     def render(self, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool,
                memo: PrefixMemo | None = None) -> Prompt:
@@ -266,6 +268,25 @@ class ChatTemplate:
         ids += self.encode(text[cursor:last + len(self.header)])
         gen_tail = list(self.encode(text[last + len(self.header):]))
         return _Spliced(ids + gen_tail, gen_tail, spans, stable)
+
+
+def _codec(tokenizer: Any) -> tuple[Callable[[str], tuple[int, ...]], Callable[[list[int]], str]]:
+    """Encode and decode as `tokenizer.encode(text, add_special_tokens=False)`
+    and `tokenizer.decode(ids)` do, straight on the Rust tokenizer: the
+    wrappers cost as much again on a short piece, and the fast encode skips
+    the character offsets nobody reads here (0.12 → 0.08 ms for a
+    300-character tool result). Decode clean-up stays transformers' work.
+    (A tokenizer that splits special tokens as text never gets here: its turn
+    end is no special token.)"""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a tokenizer without a Rust one (sentencepiece, tiktoken)
+        return (lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)),
+                lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
+    if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    else:
+        decode = lambda ids: backend.decode(ids, skip_special_tokens=False)  # noqa: E731
+    return lambda text: tuple(backend.encode_batch_fast([text], add_special_tokens=False)[0].ids), decode
 
 
 def _remember(memo: PrefixMemo, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool,

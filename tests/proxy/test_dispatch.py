@@ -10,6 +10,8 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.routing import Match, Mount
 from starlette.testclient import TestClient
 
@@ -92,3 +94,27 @@ def test_json_codec_falls_back_where_orjson_refuses() -> None:
     for value in ({1: "int key"}, {"big": 2**70}, {"text": "naïve ✓", "ids": [1, 2], "x": -0.25, "none": None}):
         assert json.loads(jsonio.dumps(value)) == json.loads(json.dumps(value))
     assert jsonio.dumps({"text": "naïve"}) == '{"text":"naïve"}'.encode()
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(value=_json_values)
+@settings(max_examples=300, deadline=None)
+def test_json_parse_is_exactly_the_standard_librarys(value: Any) -> None:
+    """Harness bodies go through `jsonio.loads`: integers of any size stay
+    integers (orjson alone reads those past 64 bits as floats)."""
+    raw = json.dumps(value).encode()
+    parsed = jsonio.loads(raw)
+    assert parsed == json.loads(raw)
+    assert json.dumps(parsed) == json.dumps(json.loads(raw))  # same types too: 1 and 1.0 compare equal
+
+
+def test_integers_at_the_64_bit_edges_stay_integers() -> None:
+    for n in (2**63 - 1, 2**63, 2**64 - 1, 2**64, -2**63, -2**63 - 1, 10**30, -10**30):
+        parsed = jsonio.loads(json.dumps({"arguments": {"id": n}, "list": [n]}).encode())
+        assert parsed == {"arguments": {"id": n}, "list": [n]} and type(parsed["list"][0]) is int
