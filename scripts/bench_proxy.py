@@ -4,8 +4,9 @@
 In one run: an instant-reply engine (the scripted test engine instrument) in
 its own process, the proxy in another, and this process as the harness. Both
 servers run under uvicorn with the same settings (uvloop and httptools when
-installed, no access log); the harness uses one keep-alive client for every
-path. Each session plays a multi-turn tool loop (the conversation grows,
+installed, no access log, start-up objects frozen out of the garbage
+collector's reach as `legorl proxy` does); the harness uses one keep-alive
+client for every path. Each session plays a multi-turn tool loop (the conversation grows,
 earlier turns come back re-serialised) through the proxy's chat-completions
 route; the same prompts are then sent straight to the engine's
 `/v1/completions`. Proxy and direct phases alternate (`--rounds`) so load
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import json
 import multiprocessing as mp
@@ -96,6 +98,7 @@ def _serve(app: Any, ports: Any, profile: str | None = None) -> None:
 
         signal.signal(signal.SIGTERM, stop)
         profiler.enable()
+    gc.freeze()  # as `legorl proxy` and `legorl rollout-server` do once started
     server.run(sockets=[sock])
 
 

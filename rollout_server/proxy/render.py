@@ -12,15 +12,20 @@ previous prompt + completion token for token.
 
 Rendering the whole conversation on every call costs time linear in its
 length (Jinja dominates the proxy's own time), so each session keeps a
-`PrefixMemo`: the ids up to the end of the last reused turn. A call whose
-messages extend the memo's renders only [system (where the template's
-text after a turn reads it), that turn, what follows]:
-the text after a sentinel turn depends only on the messages after it, for
-templates that pass the check made when the template is loaded; others, and
-conversations with a turn re-rendered from text (whose rendering may depend
-on later messages, as Qwen3's dropped `<think>` blocks do), always render in
-full. Both paths cut the same text at the same places, so they give the same
-ids.
+`PrefixMemo`: ids up to the end of a reused turn. A call whose messages
+extend the memo's renders only [system (where the template's text after a
+turn reads it), that turn, what follows]: the text after a sentinel turn
+depends only on the messages after it, for templates that pass the check
+made when the template is loaded; others, and conversations with a turn
+re-rendered from text (whose rendering may depend on later messages, as
+Qwen3's dropped `<think>` blocks do), always render in full. Both paths cut
+the same text at the same places, so they give the same ids.
+
+Once a call's turn is sampled, the memo moves on to it (its prompt + the
+sampled ids), where the template renders a conversation up to a turn's
+header as it rendered the prompt that turn was sampled for (checked at
+load too): the next call then renders only that turn and what the harness
+added after it, the fewest messages there can be.
 """
 
 from __future__ import annotations
@@ -37,6 +42,22 @@ from rollout_server.proxy.errors import ProxyError, invalid
 
 _SENTINEL = "\u2063legorl-sampled-turn-{}\u2063"
 _CACHE_ENTRIES = 4096
+
+
+def _probe_turn(i: int) -> dict[str, Any]:
+    return {"role": "assistant", "content": _SENTINEL.format(i)}
+
+
+# What a template is checked on when loaded: every message kind, sentinel turns numbered by position.
+_PROBE: list[dict[str, Any]] = [
+    {"role": "system", "content": "s"}, {"role": "user", "content": "u"}, _probe_turn(2),
+    {"role": "tool", "content": "r1", "tool_call_id": "a", "name": "f"},
+    {"role": "tool", "content": "r2", "tool_call_id": "b", "name": "f"},
+    _probe_turn(5), {"role": "user", "content": "<tool_response>\nx\n</tool_response>"}, _probe_turn(7),
+    {"role": "user", "content": "next"}, _probe_turn(9), {"role": "tool", "content": "r3", "tool_call_id": "c"},
+]
+_PROBE_TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+    "type": "object", "properties": {"a": {"type": "string"}}}}}]
 
 
 @dataclass(frozen=True)
@@ -65,12 +86,14 @@ class Prompt:
 
 @dataclass
 class PrefixMemo:
-    """One session's last render, kept up to the end of its last reused turn."""
+    """A session's conversation rendered up to the end of one reused turn, at
+    position len(messages): its last render's last reused turn, or the turn
+    its last call sampled."""
 
     tools: list[ToolSpec] = field(default_factory=list)
     enable_thinking: bool = True
-    messages: list[Message] = field(default_factory=list)  # up to and including that turn
-    turns: dict[int, int] = field(default_factory=dict)  # message position -> SampledTurn.index
+    messages: list[Message] = field(default_factory=list)  # the messages before that turn
+    turns: dict[int, int] = field(default_factory=dict)  # message position -> SampledTurn.index, that turn's too
     spans: tuple[tuple[int, SampledTurn], ...] = ()
     ids: tuple[int, ...] = ()
     valid: bool = False
@@ -111,6 +134,7 @@ class ChatTemplate:
             raise ValueError(f"chat template: assistant turns do not end with a special token (got {after!r})")
         # Whether a memo can be extended, and whether that render needs the tools, and the system message.
         self.incremental, self._suffix_without_tools, self._suffix_without_system = self._local_suffixes()
+        self._prompts_extend = self.incremental and self._holds(self._prompt_prefixes_stay)
 
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                add_generation_prompt: bool, enable_thinking: bool) -> str:
@@ -135,40 +159,44 @@ class ChatTemplate:
         the system message and the messages after that turn alone; whether it
         does so without the tools too (a long tool list is most of the
         template's work); and whether also without the system message (one
-        message less to render on every call): checked on a conversation with
+        message less to render on every call)."""
+        def same(reduced_tools: list[dict[str, Any]] | None, keep_system: bool) -> Callable[..., bool]:
+            def check(base: list[dict[str, Any]], offset: int, thinking: bool, full: str) -> bool:
+                head = base[:1] if keep_system and base[0]["role"] == "system" else []
+                for k in (i for i, m in enumerate(base) if m["role"] == "assistant"):
+                    reduced = self._apply([*head, *base[k:]], reduced_tools, True, thinking)
+                    after = self._after_turn(full, k + offset)  # sentinels are numbered as in the probe
+                    if after is None or after != self._after_turn(reduced, k + offset):
+                        return False
+                return True
+            return check
+
+        local, without_tools = self._holds(same(_PROBE_TOOLS, True)), self._holds(same(None, True))
+        return local, without_tools, local and self._holds(same(None if without_tools else _PROBE_TOOLS, False))
+
+    def _prompt_prefixes_stay(self, base: list[dict[str, Any]], offset: int, thinking: bool, full: str) -> bool:
+        """Whether the prompt each turn was sampled for, up to its assistant
+        header, is the conversation's text up to that turn's header."""
+        for k in (i for i, m in enumerate(base) if m["role"] == "assistant"):
+            prompt = self._apply(base[:k], _PROBE_TOOLS, True, thinking)
+            at = full.find(_SENTINEL.format(k + offset))
+            header = full.rfind(self.header, 0, at)
+            if at < 0 or header < 0 or prompt[:prompt.rfind(self.header)] != full[:header]:
+                return False
+        return True
+
+    def _holds(self, check: Callable[[list[dict[str, Any]], int, bool, str], bool]) -> bool:
+        """`check(base, offset, thinking, full render)` on a conversation with
         every message kind, with and without a system message, with and
         without thinking."""
-        def turn(i: int) -> dict[str, Any]:
-            return {"role": "assistant", "content": _SENTINEL.format(i)}
-
-        tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {
-            "type": "object", "properties": {"a": {"type": "string"}}}}}]
-        conv = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, turn(2),
-                {"role": "tool", "content": "r1", "tool_call_id": "a", "name": "f"},
-                {"role": "tool", "content": "r2", "tool_call_id": "b", "name": "f"},
-                turn(5), {"role": "user", "content": "<tool_response>\nx\n</tool_response>"}, turn(7),
-                {"role": "user", "content": "next"}, turn(9), {"role": "tool", "content": "r3", "tool_call_id": "c"}]
-
-        def same(reduced_tools: list[dict[str, Any]] | None, keep_system: bool) -> bool:
-            for base in (conv, conv[1:]):  # with and without a system message
-                head, offset = base[:1] if keep_system and base[0]["role"] == "system" else [], len(conv) - len(base)
+        try:
+            for base in (_PROBE, _PROBE[1:]):
                 for thinking in (True, False):
-                    full = self._apply(base, tools, True, thinking)
-                    for k in (i for i, m in enumerate(base) if m["role"] == "assistant"):
-                        reduced = self._apply([*head, *base[k:]], reduced_tools, True, thinking)
-                        after = self._after_turn(full, k + offset)  # sentinels are numbered as in `conv`
-                        if after is None or after != self._after_turn(reduced, k + offset):
-                            return False
-            return True
-
-        def holds(reduced_tools: list[dict[str, Any]] | None, keep_system: bool) -> bool:
-            try:
-                return same(reduced_tools, keep_system)
-            except (TemplateError, ValueError, TypeError):  # e.g. a template that wants a user message first
-                return False
-
-        local, without_tools = holds(tools, True), holds(None, True)
-        return local, without_tools, local and holds(None if without_tools else tools, False)
+                    if not check(base, len(_PROBE) - len(base), thinking, self._apply(base, _PROBE_TOOLS, True, thinking)):
+                        return False
+        except (TemplateError, ValueError, TypeError):  # e.g. a template that wants a user message first
+            return False
+        return True
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Tokenizes a text piece; the pieces recur on every call of a session
@@ -206,13 +234,28 @@ class ChatTemplate:
         return Prompt(spliced.ids, spliced.gen_tail, len(matched), assistants - len(matched),
                       tuple(spliced.spans), incremental)
 
+    def remember_sampled(self, memo: PrefixMemo, request: ChatRequest, matched: dict[int, SampledTurn],
+                         enable_thinking: bool, prompt: Prompt, turn: SampledTurn) -> None:
+        """Moves the memo on to `turn`, sampled for `prompt` (`request`
+        rendered with `matched`): the next call's messages extend this one's
+        by that turn and what the harness adds after it."""
+        if not (self._prompts_extend and prompt.unmatched_turns == 0):
+            return  # the memo stays at the prompt's last reused turn, if any
+        start = len(prompt.ids) - len(prompt.gen_tail)  # the turn's stored ids begin with the generation tail
+        memo.tools, memo.enable_thinking = request.tools, enable_thinking
+        memo.messages = list(request.messages)
+        memo.turns = {**{i: t.index for i, t in matched.items()}, len(request.messages): turn.index}
+        memo.spans = (*prompt.reused_spans, (start, turn))
+        memo.ids = (*prompt.ids[:start], *turn.ids)
+        memo.valid = True
+
     def _incremental(self, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool,
                      memo: PrefixMemo) -> _Spliced | None:
-        k = len(memo.messages) - 1
+        k = len(memo.messages)  # the memo's last turn; its message renders as a sentinel, whatever it says
         if not (self.incremental and memo.valid and memo.enable_thinking == enable_thinking
                 and memo.tools == request.tools
                 and {i: t.index for i, t in matched.items() if i <= k} == memo.turns
-                and request.messages[:k + 1] == memo.messages):
+                and request.messages[:k] == memo.messages):
             return None
         system = request.messages[0].role == "system" and not self._suffix_without_system
         head = [request.messages[0]] if system else []
@@ -298,7 +341,7 @@ def _remember(memo: PrefixMemo, request: ChatRequest, matched: dict[int, Sampled
         return
     k = max(matched)
     memo.tools, memo.enable_thinking = request.tools, enable_thinking
-    memo.messages = request.messages[:k + 1]
+    memo.messages = request.messages[:k]
     memo.turns = {i: t.index for i, t in matched.items()}
     memo.spans = tuple(spliced.spans)
     memo.ids = tuple(spliced.ids[:spliced.stable])

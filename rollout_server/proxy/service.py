@@ -30,6 +30,8 @@ class PreparedCall:
     prompt: Prompt
     sampling: SamplingParams
     started: float
+    matched: dict[int, SampledTurn]  # what `prompt` was rendered with
+    enable_thinking: bool
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,8 @@ class ProxyCore:
         started = time.perf_counter()
         session.check_caps()
         matched = session.match_turns(request.messages)
-        prompt = self.template.render(request, matched, self._thinking(session, request), session.prefix)
+        thinking = self._thinking(session, request)
+        prompt = self.template.render(request, matched, thinking, session.prefix)
         room = self.max_context - len(prompt.ids)
         if room < 1:
             raise ProxyError(
@@ -80,7 +83,7 @@ class ProxyCore:
             stop_token_ids=(self.template.turn_end_id,),
         )
         session.calls_started += 1
-        return PreparedCall(session, request, dialect, id_prefix, prompt, sampling, started)
+        return PreparedCall(session, request, dialect, id_prefix, prompt, sampling, started, matched, thinking)
 
     async def execute(self, call: PreparedCall) -> TurnResult:
         """The engine call and its record. Runs to the end even when the
@@ -113,11 +116,14 @@ class ProxyCore:
         if not merged:  # a sequence this call opened: the reused sampled tokens are trained in it too
             seq.train_on(*retrained)
         tail = call.prompt.gen_tail
-        session.add_turn(SampledTurn(
+        turn = SampledTurn(
             len(session.turns), tuple(tail + ids + closing),
             tuple([0] * len(tail) + [1] * len(ids) + [0] * len(closing)),
             tuple([0.0] * len(tail) + list(completion.logprobs) + [0.0] * len(closing)), output,
-        ))
+        )
+        session.add_turn(turn)
+        self.template.remember_sampled(session.prefix, call.request, call.matched, call.enable_thinking,
+                                       call.prompt, turn)
         index = len(session.trajectory.calls)
         seq.calls.append(index)
         session.trajectory.calls.append(CallRecord(

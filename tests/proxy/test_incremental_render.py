@@ -122,8 +122,8 @@ def test_tool_loop_renders_incrementally_and_token_exactly(proxy: Any, engine: S
         assert args == {"command": f"step {turn}"}
         wire.append(body, cid, args, f"output {turn}\n" * 3)
     assert httpx.post(f"{proxy.url}{wire.path}", json=body, headers={"x-api-key": key}, timeout=30).status_code == 200
-    # Calls 3.. extend a memo (call 2 is the first with a reused turn); each was checked against a full render.
-    assert len(incremental_renders) == TURNS - 1
+    # Calls 2.. extend a memo (the turn the call before sampled); each was checked against a full render.
+    assert len(incremental_renders) == TURNS
     traj = proxy.trajectory(key)
     assert all(c["merged"] for c in traj["calls"][1:]) and len(traj["sequences"]) == 1
     assert_captured(traj["sequences"][0], engine)
@@ -213,3 +213,47 @@ def test_tool_call_turns_with_reused_ids_keep_their_places(template: ChatTemplat
     assert [(at, t.index) for at, t in second.reused_spans] == [(first.reused_spans[0][0], 0),
                                                                  (len(first.ids), 1)]
     assert second.ids[len(first.ids): len(first.ids) + len(turn2.ids)] == list(turn2.ids)
+
+
+def test_memo_moves_on_to_the_turn_the_call_sampled(template: ChatTemplate) -> None:
+    """After a call, the next one renders from the turn it sampled: only that
+    turn and what came after it, with the ids a full render gives."""
+    assert template._prompts_extend
+    memo = PrefixMemo()
+    messages = [Message("system", "sys"), Message("user", "q0")]
+    first = template.render(ChatRequest(list(messages)), {}, True, memo)
+    assert not first.incremental and not memo.valid  # no reused turn to keep yet
+    turn = _turn(template, 0, "answer 0")
+    template.remember_sampled(memo, ChatRequest(list(messages)), {}, True, first, turn)
+    assert memo.ids[: len(first.ids)] == tuple(first.ids) and memo.turns == {2: 0}
+    messages += [Message("assistant", "answer 0, as the harness wrote it back"), Message("user", "q1")]
+    second = template.render(ChatRequest(messages), {2: turn}, True, memo)
+    full = template.render(ChatRequest(messages), {2: turn}, True)
+    assert second.incremental and (second.ids, second.reused_spans) == (full.ids, full.reused_spans)
+    # A call that rendered a turn from text (history rewritten) leaves the memo where its render left it.
+    rewritten = [Message("user", "q0"), Message("assistant", "typed by hand"), Message("user", "q1")]
+    prompt = template.render(ChatRequest(rewritten), {}, True, memo)
+    assert prompt.unmatched_turns == 1 and not memo.valid
+    template.remember_sampled(memo, ChatRequest(rewritten), {}, True, prompt, _turn(template, 1, "answer 1"))
+    assert not memo.valid
+
+
+def test_template_whose_prompts_differ_from_the_history_keeps_the_memo_at_reused_turns(tokenizer: Any) -> None:
+    """A template whose last message renders differently from the same
+    message further back: the prompt a turn was sampled for is no prefix of
+    the later conversation, so the memo is not moved on to sampled turns,
+    and every render still matches a full one."""
+    marking = copy.deepcopy(tokenizer)
+    marking.chat_template = tokenizer.chat_template.replace(
+        '"<|im_start|>user\\n" ~ content ~ "<|im_end|>\\n"',
+        '"<|im_start|>user\\n" ~ content ~ ("." if loop.last else "") ~ "<|im_end|>\\n"')
+    assert marking.chat_template != tokenizer.chat_template
+    template = ChatTemplate(marking)
+    assert template.incremental and not template._prompts_extend
+    memo = PrefixMemo()
+    messages = [Message("user", "q0")]
+    first = template.render(ChatRequest(list(messages)), {}, True, memo)
+    template.remember_sampled(memo, ChatRequest(list(messages)), {}, True, first, _turn(template, 0, "a0"))
+    assert not memo.valid
+    _, full = _grow(template, [_turn(template, i, f"answer {i}") for i in range(3)], PrefixMemo())
+    assert "q3." in template.decode(full.ids) and "q2." not in template.decode(full.ids)
