@@ -87,7 +87,7 @@ class ProxyApp:
     async def model_call(self, request: Request, dialect: Dialect, params: dict[str, str]) -> Response:
         try:
             session = self._session(request)
-            chat = dialect.parse(await _body(request), params)
+            chat = dialect.parse(await _body(request), params, session.items)
             prepared = self.core.prepare(session, chat, dialect.name, dialect.tool_id_prefix)
         except ProxyError as err:
             return self._error(dialect, err)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from legorl_jax.config import SamplingConfig
 from rollout_server.proxy.conversation import Message, fingerprint
 from rollout_server.proxy.errors import ProxyError
+from rollout_server.proxy.parsed_items import ItemMemo
 from rollout_server.proxy.render import PrefixMemo, SampledTurn
 from rollout_server.proxy.trajectory import Trajectory
 
@@ -54,6 +55,7 @@ class Session:
     turns: list[SampledTurn] = field(default_factory=list)
     calls_started: int = 0
     prefix: PrefixMemo = field(default_factory=PrefixMemo)  # the last render, for incremental rendering
+    items: ItemMemo = field(default_factory=ItemMemo)  # the last conversation as sent, parsed
     _by_call_id: dict[str, SampledTurn] = field(default_factory=dict)
     _by_fingerprint: dict[str, list[SampledTurn]] = field(default_factory=dict)
 

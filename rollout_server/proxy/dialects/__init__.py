@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from rollout_server.proxy.conversation import ChatRequest
+from rollout_server.proxy.parsed_items import ItemMemo
 from rollout_server.proxy.errors import ProxyError
 from rollout_server.proxy.service import TurnResult
 
@@ -16,7 +17,7 @@ class Dialect(Protocol):
     name: str
     tool_id_prefix: str
 
-    def parse(self, body: Any, params: dict[str, str]) -> ChatRequest: ...
+    def parse(self, body: Any, params: dict[str, str], memo: ItemMemo | None = None) -> ChatRequest: ...
 
     def response(self, result: TurnResult, request: ChatRequest) -> dict[str, Any]: ...
 

@@ -21,6 +21,7 @@ from rollout_server.proxy.dialects.common import (
     turns,
 )
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
+from rollout_server.proxy.parsed_items import ItemMemo, parse_items
 from rollout_server.proxy.service import TurnResult
 
 _ERROR_TYPES = {
@@ -65,6 +66,18 @@ def _user(content: Any, where: str) -> list[Message]:
         elif kind not in _SKIPPED_BLOCKS:
             texts.append(text_of([block], where))
     return tools + ([Message("user", "".join(texts))] if texts or not tools else [])
+
+
+def _message(m: Any, where: str) -> list[Message]:
+    expect_type(m, dict, where)
+    role = m.get("role")
+    if role == "user":
+        return _user(m.get("content"), f"{where}.content")
+    if role == "assistant":
+        return [_assistant(m.get("content"), f"{where}.content")]
+    if role == "system":
+        return [Message("system", text_of(_blocks(m.get("content"), where), f"{where}.content"))]
+    raise invalid(f"{where}.role: unknown role {role!r}")
 
 
 def _assistant(content: Any, where: str) -> Message:
@@ -139,23 +152,12 @@ class Anthropic:
     name = "anthropic"
     tool_id_prefix = "toolu_"
 
-    def parse(self, body: Any, params: dict[str, str]) -> ChatRequest:
+    def parse(self, body: Any, params: dict[str, str], memo: ItemMemo | None = None) -> ChatRequest:
         raw_messages = turns(body, "messages")
         messages: list[Message] = []
         if body.get("system") is not None:
             messages.append(Message("system", text_of(_blocks(body["system"], "system"), "system")))
-        for i, m in enumerate(raw_messages):
-            where = f"messages[{i}]"
-            expect_type(m, dict, where)
-            role = m.get("role")
-            if role == "user":
-                messages += _user(m.get("content"), f"{where}.content")
-            elif role == "assistant":
-                messages.append(_assistant(m.get("content"), f"{where}.content"))
-            elif role == "system":
-                messages.append(Message("system", text_of(_blocks(m.get("content"), where), f"{where}.content")))
-            else:
-                raise invalid(f"{where}.role: unknown role {role!r}")
+        messages += parse_items(raw_messages, "messages", _message, memo)
         model = model_name(body)
         choice = body.get("tool_choice")
         no_tools = isinstance(choice, dict) and choice.get("type") == "none"

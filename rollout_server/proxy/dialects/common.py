@@ -99,3 +99,4 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+

@@ -11,8 +11,16 @@ from typing import Any
 
 from rollout_server.proxy import sse
 from rollout_server.proxy.conversation import ChatRequest, Message, ToolCall, ToolSpec
-from rollout_server.proxy.dialects.common import each_object, new_id, optional_int, text_of, tool_spec, turns
+from rollout_server.proxy.dialects.common import (
+    each_object,
+    new_id,
+    optional_int,
+    text_of,
+    tool_spec,
+    turns,
+)
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
+from rollout_server.proxy.parsed_items import ItemMemo, parse_items
 from rollout_server.proxy.service import TurnResult
 
 _STATUS = {
@@ -123,15 +131,14 @@ class Gemini:
     name = "gemini"
     tool_id_prefix = "fc_"
 
-    def parse(self, body: Any, params: dict[str, str]) -> ChatRequest:
+    def parse(self, body: Any, params: dict[str, str], memo: ItemMemo | None = None) -> ChatRequest:
         contents = turns(body, "contents")
         messages: list[Message] = []
         system = body.get("systemInstruction")
         if system is not None:
             parts = [{"type": "text", "text": p.get("text", "")} for p in _parts(system, "systemInstruction")]
             messages.append(Message("system", text_of(parts, "systemInstruction.parts")))
-        for i, content in enumerate(contents):
-            messages += _content(content, f"contents[{i}]")
+        messages += parse_items(contents, "contents", _content, memo)
         config = body.get("generationConfig") or {}
         expect_type(config, dict, "generationConfig")
         limit = optional_int(config, "maxOutputTokens", within="generationConfig.")

@@ -19,6 +19,7 @@ from rollout_server.proxy.dialects.common import (
     turns,
 )
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
+from rollout_server.proxy.parsed_items import ItemMemo, parse_items
 from rollout_server.proxy.service import TurnResult
 
 _ERROR_CODES = {
@@ -108,7 +109,7 @@ class OpenAIChat:
     name = "openai_chat"
     tool_id_prefix = "call_"
 
-    def parse(self, body: Any, params: dict[str, str]) -> ChatRequest:
+    def parse(self, body: Any, params: dict[str, str], memo: ItemMemo | None = None) -> ChatRequest:
         messages = turns(body, "messages")
         kwargs = body.get("chat_template_kwargs") or {}
         expect_type(kwargs, dict, "chat_template_kwargs")
@@ -117,7 +118,7 @@ class OpenAIChat:
         expect_type(stream_options, dict, "stream_options")
         model = model_name(body)
         return ChatRequest(
-            messages=[_message(m, f"messages[{i}]") for i, m in enumerate(messages)],
+            messages=parse_items(messages, "messages", lambda m, where: [_message(m, where)], memo),
             tools=[] if body.get("tool_choice") == "none" else _tools(body.get("tools")),
             model=model,
             stream=bool(body.get("stream")),

@@ -17,6 +17,7 @@ from rollout_server.proxy.conversation import ChatRequest, Message, ToolCall, To
 from rollout_server.proxy.dialects.common import each_object, model_name, new_id, now, optional_int, text_of, tool_spec
 from rollout_server.proxy.dialects.openai_chat import openai_error
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
+from rollout_server.proxy.parsed_items import ItemMemo
 from rollout_server.proxy.service import TurnResult
 
 # Provider-side items and tools: nothing for the model here to see or call.
@@ -202,7 +203,11 @@ class Responses:
     name = "openai_responses"
     tool_id_prefix = "call_"
 
-    def parse(self, body: Any, params: dict[str, str]) -> ChatRequest:
+    def parse(self, body: Any, params: dict[str, str], memo: ItemMemo | None = None) -> ChatRequest:
+        """Parsed afresh on every call, whatever `memo` holds: an assistant
+        turn here is built across items (its reasoning, text and each tool
+        call are items of their own), so an item alone does not parse into
+        messages."""
         expect_type(body, dict, "request body")
         tools = _tool_set(body.get("tools"))
         builder = _Builder(tools)
