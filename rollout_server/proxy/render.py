@@ -192,7 +192,8 @@ class ChatTemplate:
         try:
             for base in (_PROBE, _PROBE[1:]):
                 for thinking in (True, False):
-                    if not check(base, len(_PROBE) - len(base), thinking, self._apply(base, _PROBE_TOOLS, True, thinking)):
+                    full = self._apply(base, _PROBE_TOOLS, True, thinking)
+                    if not check(base, len(_PROBE) - len(base), thinking, full):
                         return False
         except (TemplateError, ValueError, TypeError):  # e.g. a template that wants a user message first
             return False
