@@ -36,6 +36,7 @@ from rollout_server.proxy.dialects.openai_chat import OpenAIChat
 from rollout_server.proxy.dialects.responses import Responses
 from rollout_server.proxy.errors import ProxyError, invalid
 from rollout_server.proxy.jsonio import FastJSONResponse
+from rollout_server.proxy.parsed_items import ItemMemo
 from rollout_server.proxy.service import ProxyCore, TurnResult
 from rollout_server.proxy.session import Session
 
@@ -87,7 +88,7 @@ class ProxyApp:
     async def model_call(self, request: Request, dialect: Dialect, params: dict[str, str]) -> Response:
         try:
             session = self._session(request)
-            chat = dialect.parse(await _body(request), params, session.items)
+            chat = dialect.parse(await _body(request), params, session.parsed.setdefault(dialect.name, ItemMemo()))
             prepared = self.core.prepare(session, chat, dialect.name, dialect.tool_id_prefix)
         except ProxyError as err:
             return self._error(dialect, err)

@@ -4,11 +4,11 @@ Every model call crosses this hop, so its CPU is latency the proxy adds
 (PITFALLS: the proxy must stay in the noise of a model call). A general
 client pays for features this hop never uses (redirects, cookies, proxies,
 decompression, multipart, per-request URL and header objects): aiohttp's
-client cost the proxy ~0.2 ms of its ~1.1 ms CPU per call, this one about a
-tenth of that (scripts/bench_proxy.py, docs/benchmarks.md). The HTTP parsing
-is httptools' (llhttp, the parser uvicorn serves with): responses framed by
-Content-Length, chunked, or by the connection closing; only the request
-line and four headers are written here.
+client cost the proxy ~0.2 ms more of its ~1.1 ms CPU per call than this
+one, which takes less than half of its CPU per request (scripts/bench_proxy.py,
+docs/benchmarks.md). The HTTP parsing is httptools' (llhttp, the parser
+uvicorn serves with): responses framed by Content-Length, chunked, or by the
+connection closing; only the request line and three headers are written here.
 
 Connections are kept per event loop (a pool is bound to the loop that made
 it) and dropped after `keepalive_s` idle, before the engines' own keep-alive
@@ -44,6 +44,7 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._headers_done = False
         self._framed = False  # Content-Length or chunked: the parser knows where the body ends
+        self._closed_here = False  # by us: a connection we end mid-body has not delimited it
         self.reusable = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -64,7 +65,8 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() in (b"content-length", b"transfer-encoding"):
+        name = name.lower()
+        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
             self._framed = True
 
     def on_headers_complete(self) -> None:
@@ -85,7 +87,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._headers_done and not self._framed and exc is None:
+        if self._headers_done and not self._framed and exc is None and not self._closed_here:
             self.on_message_complete()  # a body delimited by the connection closing
             self.reusable = False
         else:
@@ -95,8 +97,12 @@ class _Connection(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(exc)
 
+    def open(self) -> bool:
+        # An engine's close reaches the transport before `connection_lost` runs.
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
     def close(self) -> None:
-        self.closed = True
+        self.closed = self._closed_here = True
         if self.transport is not None:
             self.transport.close()
 
@@ -107,8 +113,8 @@ class EngineTransport:
 
     def __init__(self, base_url: str, *, keepalive_s: float = 2.0) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"engine URL must be http(s)://host[:port][/path], got {base_url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+            raise ValueError(f"engine URL must be http(s)://host[:port][/path], without credentials; got {base_url!r}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.prefix = parts.path.rstrip("/")
@@ -125,7 +131,7 @@ class EngineTransport:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()  # the most recently used: the least likely to be expiring
-            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+            if conn.open() and now - conn.idle_since < self.keepalive_s:
                 return conn
             conn.close()
         return None
@@ -161,7 +167,7 @@ class EngineTransport:
         finally:
             if conn is not None:
                 self._busy.discard(conn)
-        if conn.reusable and not conn.closed:
+        if conn.reusable and conn.open():
             conn.idle_since = time.monotonic()
             self._idle.append(conn)
         else:

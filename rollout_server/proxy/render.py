@@ -176,13 +176,16 @@ class ChatTemplate:
 
     def _prompt_prefixes_stay(self, base: list[dict[str, Any]], offset: int, thinking: bool, full: str) -> bool:
         """Whether the prompt each turn was sampled for, up to its assistant
-        header, is the conversation's text up to that turn's header."""
-        for k in (i for i, m in enumerate(base) if m["role"] == "assistant"):
-            prompt = self._apply(base[:k], _PROBE_TOOLS, True, thinking)
-            at = full.find(_SENTINEL.format(k + offset))
-            header = full.rfind(self.header, 0, at)
-            if at < 0 or header < 0 or prompt[:prompt.rfind(self.header)] != full[:header]:
-                return False
+        header, is the conversation's text up to that turn's header: with
+        the tools and without (templates place them differently)."""
+        for tools in (_PROBE_TOOLS, None):
+            text = full if tools else self._apply(base, None, True, thinking)
+            for k in (i for i, m in enumerate(base) if m["role"] == "assistant"):
+                prompt = self._apply(base[:k], tools, True, thinking)
+                at = text.find(_SENTINEL.format(k + offset))
+                header = text.rfind(self.header, 0, at)
+                if at < 0 or header < 0 or prompt[:prompt.rfind(self.header)] != text[:header]:
+                    return False
         return True
 
     def _holds(self, check: Callable[[list[dict[str, Any]], int, bool, str], bool]) -> bool:

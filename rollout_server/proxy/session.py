@@ -55,7 +55,8 @@ class Session:
     turns: list[SampledTurn] = field(default_factory=list)
     calls_started: int = 0
     prefix: PrefixMemo = field(default_factory=PrefixMemo)  # the last render, for incremental rendering
-    items: ItemMemo = field(default_factory=ItemMemo)  # the last conversation as sent, parsed
+    # The last conversation as sent to each dialect's routes, parsed: an item parses differently in each.
+    parsed: dict[str, ItemMemo] = field(default_factory=dict)
     _by_call_id: dict[str, SampledTurn] = field(default_factory=dict)
     _by_fingerprint: dict[str, list[SampledTurn]] = field(default_factory=dict)
 

@@ -157,10 +157,10 @@ class NeverAnswer:
         await reader.read()
 
 
-async def close_delimited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def close_delimited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, headers: bytes = b"") -> None:
     body = await read_request(reader)
     assert body is not None
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + headers + b"\r\n")
     for start in range(0, len(body), 5):  # several segments: the end is the close, not a write
         writer.write(body[start:start + 5])
         await writer.drain()

@@ -5,6 +5,7 @@ framing and failures uvicorn never produces."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import time
@@ -32,6 +33,7 @@ from .http_instruments import (
     error_body,
     garbage,
     instrument_app,
+    read_request,
 )
 from .scripted_engine import ServerThread
 
@@ -212,8 +214,10 @@ def test_broken_response_fails_and_the_pool_recovers(broken: Handler, message: s
     assert len(server.eof) == 2  # the second post could not have used the broken connection
 
 
-def test_close_delimited_body() -> None:
-    server = RawServer(close_delimited)
+# `Transfer-Encoding: identity` frames nothing: the close still ends the body.
+@pytest.mark.parametrize("headers", [b"", b"Transfer-Encoding: identity\r\n"])
+def test_close_delimited_body(headers: bytes) -> None:
+    server = RawServer(functools.partial(close_delimited, headers=headers))
     body = json.dumps({"choices": [{"text": "a longer answer, in several segments"}]}).encode()
 
     async def main() -> list[tuple[int, bytes]]:
@@ -297,7 +301,8 @@ def test_aclose_closes_idle_connections() -> None:
     assert len(server.eof) == 3
 
 
-@pytest.mark.parametrize("base_url", ["ftp://engine:8000", "localhost:8000", "http://", "", "engine/v1"])
+@pytest.mark.parametrize("base_url", ["ftp://engine:8000", "localhost:8000", "http://", "", "engine/v1",
+                                      "http://user:secret@engine:8000"])
 def test_bad_base_url_is_a_value_error(base_url: str) -> None:
     with pytest.raises(ValueError, match="engine URL must be"):
         EngineTransport(base_url)
@@ -330,3 +335,30 @@ def test_engine_client_malformed_200_is_engine_unavailable(url: str, kind: str) 
     with pytest.raises(ProxyError, match="malformed completion") as failed:
         asyncio.run(main())
     assert failed.value.kind == "engine_unavailable"
+
+
+def test_closing_here_mid_body_is_no_close_delimited_answer() -> None:
+    """aclose() while an answer with no length is arriving: the call fails;
+    the close was ours, it does not end the body."""
+    headers_sent = asyncio.Event()
+
+    async def stall_after_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\npartial")
+        await writer.drain()
+        headers_sent.set()
+        await reader.read()  # until the client closes
+
+    server = RawServer(stall_after_headers)
+
+    async def main() -> None:
+        async with server.running() as raw_url:
+            transport = EngineTransport(raw_url)
+            call = asyncio.create_task(transport.post("/v1/completions", b"x", 10))
+            await headers_sent.wait()
+            await asyncio.sleep(0.05)  # the loop reads the headers and the partial body
+            await transport.aclose()
+            with pytest.raises(EngineConnectionError, match="mid-response"):
+                await call
+
+    asyncio.run(main())

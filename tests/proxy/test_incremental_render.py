@@ -257,3 +257,15 @@ def test_template_whose_prompts_differ_from_the_history_keeps_the_memo_at_reused
     assert not memo.valid
     _, full = _grow(template, [_turn(template, i, f"answer {i}") for i in range(3)], PrefixMemo())
     assert "q3." in template.decode(full.ids) and "q2." not in template.decode(full.ids)
+
+
+def test_prompt_prefixes_are_checked_without_tools_too(tokenizer: Any) -> None:
+    """A template whose last user message renders differently only when no
+    tools are given fails the check as well."""
+    marking = copy.deepcopy(tokenizer)
+    marking.chat_template = tokenizer.chat_template.replace(
+        '"<|im_start|>user\\n" ~ content ~ "<|im_end|>\\n"',
+        '"<|im_start|>user\\n" ~ content ~ ("." if loop.last and not tools else "") ~ "<|im_end|>\\n"')
+    assert marking.chat_template != tokenizer.chat_template
+    template = ChatTemplate(marking)
+    assert template.incremental and not template._prompts_extend

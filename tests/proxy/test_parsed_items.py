@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from rollout_server.proxy import jsonio
@@ -94,3 +95,28 @@ def test_dialects_parse_with_the_memo_as_without(dialect: str) -> None:
         shared = [m for m in with_memo if m.role != "system"][: len([m for m in previous if m.role != "system"])]
         assert all(any(m is p for p in previous) for m in shared)
         previous = with_memo
+
+
+def test_an_item_utf8_cannot_carry_is_compared_too() -> None:
+    """A lone surrogate (`json.loads` accepts its escape) has no UTF-8 form; the item is still remembered."""
+    memo, parse = ItemMemo(), CountingParser()
+    items = jsonio.loads(b'[{"text": "half a pair: \\ud800"}]')
+    first = parse_items(items, "messages", parse, memo)
+    assert parse_items(jsonio.loads(b'[{"text": "half a pair: \\ud800"}]'), "messages", parse, memo)[0] is first[0]
+    assert parse.calls == ["messages[0]"]
+
+
+def test_each_dialect_keeps_its_own_parse(proxy: Any, engine: Any) -> None:
+    """A session answers on every dialect's routes, and an item parses
+    differently in each: Anthropic's tool blocks are no chat content."""
+    key = proxy.new_session()["key"]
+    messages = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "out"}]}]
+    engine.push("done")
+    anthropic = httpx.post(f"{proxy.url}/v1/messages", headers={"x-api-key": key}, timeout=30,
+                           json={"model": "m", "max_tokens": 64, "messages": messages})
+    assert anthropic.status_code == 200, anthropic.text
+    chat = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"x-api-key": key}, timeout=30,
+                      json={"model": "m", "messages": messages})
+    assert chat.status_code == 400 and "tool_use" in chat.json()["error"]["message"]

@@ -99,4 +99,3 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
-
