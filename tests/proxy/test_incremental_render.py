@@ -238,7 +238,10 @@ def test_memo_moves_on_to_the_turn_the_call_sampled(template: ChatTemplate) -> N
     assert not memo.valid
 
 
-def test_template_whose_prompts_differ_from_the_history_keeps_the_memo_at_reused_turns(tokenizer: Any) -> None:
+# The last user message marked always, or only when no tools are given (the check renders both ways).
+@pytest.mark.parametrize("mark", ['("." if loop.last else "")', '("." if loop.last and not tools else "")'])
+def test_template_whose_prompts_differ_from_the_history_keeps_the_memo_at_reused_turns(tokenizer: Any,
+                                                                                         mark: str) -> None:
     """A template whose last message renders differently from the same
     message further back: the prompt a turn was sampled for is no prefix of
     the later conversation, so the memo is not moved on to sampled turns,
@@ -246,7 +249,7 @@ def test_template_whose_prompts_differ_from_the_history_keeps_the_memo_at_reused
     marking = copy.deepcopy(tokenizer)
     marking.chat_template = tokenizer.chat_template.replace(
         '"<|im_start|>user\\n" ~ content ~ "<|im_end|>\\n"',
-        '"<|im_start|>user\\n" ~ content ~ ("." if loop.last else "") ~ "<|im_end|>\\n"')
+        f'"<|im_start|>user\\n" ~ content ~ {mark} ~ "<|im_end|>\\n"')
     assert marking.chat_template != tokenizer.chat_template
     template = ChatTemplate(marking)
     assert template.incremental and not template._prompts_extend
@@ -258,14 +261,3 @@ def test_template_whose_prompts_differ_from_the_history_keeps_the_memo_at_reused
     _, full = _grow(template, [_turn(template, i, f"answer {i}") for i in range(3)], PrefixMemo())
     assert "q3." in template.decode(full.ids) and "q2." not in template.decode(full.ids)
 
-
-def test_prompt_prefixes_are_checked_without_tools_too(tokenizer: Any) -> None:
-    """A template whose last user message renders differently only when no
-    tools are given fails the check as well."""
-    marking = copy.deepcopy(tokenizer)
-    marking.chat_template = tokenizer.chat_template.replace(
-        '"<|im_start|>user\\n" ~ content ~ "<|im_end|>\\n"',
-        '"<|im_start|>user\\n" ~ content ~ ("." if loop.last and not tools else "") ~ "<|im_end|>\\n"')
-    assert marking.chat_template != tokenizer.chat_template
-    template = ChatTemplate(marking)
-    assert template.incremental and not template._prompts_extend
