@@ -40,11 +40,17 @@ def loads(raw: bytes) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    """Compact UTF-8 JSON, non-ASCII kept as is (what Starlette's JSONResponse writes)."""
+    """Compact UTF-8 JSON, non-ASCII kept as is (what Starlette's JSONResponse
+    writes); a lone surrogate (which `json.loads` accepts) has no UTF-8 form,
+    so a value holding one is written with escapes."""
     try:
         return orjson.dumps(value)
     except TypeError:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 class FastJSONResponse(JSONResponse):

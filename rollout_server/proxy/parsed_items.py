@@ -3,7 +3,6 @@ request's conversation items and what they parsed into."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,19 +35,10 @@ def parse_items(items: list[Any], where: str, parse_one: Callable[[Any, str], li
     alone takes NaN for null."""
     if memo is None:
         return [m for i, item in enumerate(items) for m in parse_one(item, f"{where}[{i}]")]
-    encoded = [_text(item) for item in items]
+    encoded = [jsonio.dumps(item) for item in items]
     parsed: list[list[Message]] = []
     for i, item in enumerate(items):
         same = i < len(memo.items) and memo.encoded[i] == encoded[i] and memo.items[i] == item
         parsed.append(memo.parsed[i] if same else parse_one(item, f"{where}[{i}]"))
     memo.items, memo.encoded, memo.parsed = items, encoded, parsed
     return [m for messages in parsed for m in messages]
-
-
-def _text(item: Any) -> bytes:
-    """The item's JSON text, for comparison only; `json` escapes what UTF-8
-    cannot carry (a lone surrogate, which `json.loads` accepts)."""
-    try:
-        return jsonio.dumps(item)
-    except UnicodeEncodeError:
-        return json.dumps(item).encode()

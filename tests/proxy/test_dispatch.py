@@ -94,6 +94,7 @@ def test_json_codec_falls_back_where_orjson_refuses() -> None:
     for value in ({1: "int key"}, {"big": 2**70}, {"text": "naïve ✓", "ids": [1, 2], "x": -0.25, "none": None}):
         assert json.loads(jsonio.dumps(value)) == json.loads(json.dumps(value))
     assert jsonio.dumps({"text": "naïve"}) == '{"text":"naïve"}'.encode()
+    assert json.loads(jsonio.dumps({"half": "\ud800"})) == {"half": "\ud800"}  # no UTF-8 form: escaped
 
 
 _json_values = st.recursive(

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from rollout_server.proxy.conversation import ChatRequest
-from rollout_server.proxy.parsed_items import ItemMemo
 from rollout_server.proxy.errors import ProxyError
+from rollout_server.proxy.parsed_items import ItemMemo
 from rollout_server.proxy.service import TurnResult
 
 
