@@ -45,16 +45,12 @@ _INBOX = {
 
 DOCKERFILE = "FROM legorl/base:bookworm\nWORKDIR /app\nCOPY --chown=agent:agent app/ /app/\n"
 
-# The checker's verdict protocol (see the shipped demo tasks): 0 = pass, 3 = graded wrong,
-# anything else = the checker broke, and the trial stays ungraded.
+# The checker runs as root and only reads what the agent left: exit 0 is a pass, anything
+# else (a wrong answer, or a checker that broke on what it found) a graded 0.
 TEST_SH = """#!/bin/bash
 mkdir -p /logs/verifier
-python3 /tests/check.py
-case $? in
-  0) echo 1 > /logs/verifier/reward.txt ;;
-  3) echo 0 > /logs/verifier/reward.txt ;;
-  *) echo "checker crashed: leaving the trial ungraded" >&2 ;;
-esac
+if python3 /tests/check.py >&2; then reward=1; else reward=0; fi
+echo "$reward" > /logs/verifier/reward.txt
 """
 
 _CHECK_HEAD = """import json
@@ -62,6 +58,7 @@ import sys
 from pathlib import Path
 
 EXPECT = json.loads({expect!r})
+MAX_ANSWER_BYTES = 65536
 
 
 def wrong(why):
@@ -69,29 +66,37 @@ def wrong(why):
     sys.exit(3)
 
 
+def answer(path):
+    \"\"\"The text of an answer file. A FIFO, device, directory, huge or non-UTF-8 file is a wrong answer.\"\"\"
+    path = Path(path)
+    if not path.is_file():
+        wrong(f"{{path}} is missing or not a regular file")
+    with path.open("rb") as fh:
+        data = fh.read(MAX_ANSWER_BYTES + 1)
+    if len(data) > MAX_ANSWER_BYTES:
+        wrong(f"{{path}} is larger than {{MAX_ANSWER_BYTES}} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        wrong(f"{{path}} is not UTF-8")
+
+
 """
 
-_COUNT_CHECK = """path = Path(EXPECT["path"])
-if not path.is_file():
-    wrong(f"{path} is missing")
-if path.read_text().strip() != str(EXPECT["count"]):
-    wrong(f"{path} does not hold {EXPECT['count']}")
+_COUNT_CHECK = """if answer(EXPECT["path"]).strip() != str(EXPECT["count"]):
+    wrong(f"{EXPECT['path']} does not hold {EXPECT['count']}")
 """
 
-_WORD_CHECK = """path = Path(EXPECT["path"])
-if not path.is_file():
-    wrong(f"{path} is missing")
-if path.read_text().strip() != EXPECT["word"]:
-    wrong(f"{path} does not hold exactly {EXPECT['word']}")
+_WORD_CHECK = """if answer(EXPECT["path"]).strip() != EXPECT["word"]:
+    wrong(f"{EXPECT['path']} does not hold exactly {EXPECT['word']}")
 """
 
-_SETTINGS_CHECK = """if Path("/app/settings.conf").read_text() != EXPECT["content"]:
+_SETTINGS_CHECK = """if answer("/app/settings.conf") != EXPECT["content"]:
     wrong("settings.conf differs from the expected content")
 """
 
-_MOVE_CHECK = """moved = Path(EXPECT["dest"])
-if not moved.is_file() or moved.read_text() != EXPECT["content"]:
-    wrong(f"{moved} is missing or changed")
+_MOVE_CHECK = """if answer(EXPECT["dest"]) != EXPECT["content"]:
+    wrong(f"{EXPECT['dest']} is changed")
 if Path(EXPECT["source"]).exists():
     wrong(f"{EXPECT['source']} is still there")
 for name in EXPECT["others"]:

@@ -116,8 +116,9 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
         verdict = await asyncio.to_thread(verify, sandbox, spec.task, spec.verifier_timeout_s)
         times.verify_s = time.monotonic() - phase
         out.status, out.error = _resolve(status, reason, verdict)
-        if out.status in _GRADED and verdict.status == "ok":
+        if out.status in _GRADED and verdict.reward is not None:
             out.reward = verdict.reward
+            out.metrics.verifier_no_reward = verdict.status == "no_reward"
     except SandboxError as exc:
         out.status, out.error = pb.TRIAL_STATUS_ENV_FAILURE, f"sandbox: {exc}"
         harness_metrics = {}
@@ -263,9 +264,13 @@ def _write_file(sandbox: Sandbox, path: str, content: str, mode: int) -> None:
 def _resolve(status: int, reason: str, verdict: Verdict) -> tuple[int, str]:
     if status not in _GRADED:
         return status, reason
-    if verdict.status != "ok":
-        return pb.TRIAL_STATUS_ENV_FAILURE, f"verifier {verdict.status}: {verdict.reason}"
-    return status, reason if status != pb.TRIAL_STATUS_OK else ""
+    if verdict.status == "env_failure":
+        return pb.TRIAL_STATUS_ENV_FAILURE, f"verifier: {verdict.reason}"
+    # A graded 0 for want of a reward keeps its reason, so a task that always breaks can be found.
+    notes = [reason] if status != pb.TRIAL_STATUS_OK else []
+    if verdict.status == "no_reward":
+        notes.append(f"verifier: {verdict.reason}")
+    return status, "; ".join(notes)
 
 
 def _fill_capture(out: pb.Trajectory, capture: Capture) -> None:

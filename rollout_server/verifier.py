@@ -5,12 +5,23 @@ Order matters, each step closing one way an agent could pick its own reward:
    the reward file dies here);
 2. `/logs/verifier` and `/tests` are wiped as root (a pre-written reward file
    or planted test is gone);
-3. the task's tests are copied in fresh from the host (the agent never saw them);
+3. the task's tests are copied in fresh from the host (the agent never saw them)
+   and made root's alone, so agent code a test runs as the `agent` user can
+   neither read the expected answers nor change the checker;
 4. `tests/test.sh` runs as root with the task's timeout;
-5. the reward is read from `/logs/verifier/reward.txt` or `reward.json`.
+5. every process grading started is killed, then the reward is read from
+   `/logs/verifier/reward.txt` or `reward.json`.
 Agents run as the unprivileged `agent` user, so they cannot replace the
 interpreters test.sh uses; an agent run as root could, and no verifier inside
 the same container can defend against that.
+
+Who is to blame when no reward comes out decides the status. The sandbox
+breaking (container gone, Docker errors, copies failing) is the environment's
+fault: `env_failure`, ungraded. Tests that ran in a healthy sandbox and wrote
+no valid reward (they crashed, hung or wrote garbage) were broken by what the
+agent left behind (a FIFO where a report should be, a directory, a file too big
+to read): `no_reward`, graded 0 with the reason kept. A task whose tests are
+broken for every output shows up as its reference solution scoring 0.
 """
 
 from __future__ import annotations
@@ -35,7 +46,8 @@ from rollout_server.sandbox.base import (
 )
 from rollout_server.tasks import Task
 
-VerifierStatus = Literal["ok", "env_failure", "timeout"]
+# ok: the tests wrote a reward; no_reward: they ran but wrote none (graded 0); env_failure: ungraded.
+VerifierStatus = Literal["ok", "no_reward", "env_failure"]
 _TAIL = 4000
 
 
@@ -100,6 +112,27 @@ def _env_failure(reason: str, result: ExecResult | None = None, started: float |
     )
 
 
+def _no_reward(reason: str, result: ExecResult, started: float) -> Verdict:
+    return Verdict(
+        status="no_reward",
+        reward=0.0,
+        reason=f"graded 0: {reason}",
+        stdout=result.stdout[-_TAIL:],
+        stderr=result.stderr[-_TAIL:],
+        wall_s=time.monotonic() - started,
+    )
+
+
+# Wipe what the agent could have planted, then hand the fresh tests to root alone.
+_RESET = 'rm -rf -- "$1" "$2" && mkdir -p -- "$1"'
+# (A local sandbox run by an ordinary user cannot chown; it isolates nothing anyway.)
+_SEAL = 'if [ "$(id -u)" = 0 ]; then chown -R 0:0 -- "$1"; fi && chmod -R go-rwx -- "$1"'
+
+
+def _root(sandbox: Sandbox, script: str, *args: str) -> ExecResult:
+    return sandbox.exec(["sh", "-c", script, "sh", *args], timeout=30, user=ROOT_USER)
+
+
 def verify(sandbox: Sandbox, task: Task, timeout_s: float | None = None) -> Verdict:
     """Grade the sandbox's current state with the task's tests. Never raises for sandbox trouble."""
     started = time.monotonic()
@@ -108,35 +141,29 @@ def verify(sandbox: Sandbox, task: Task, timeout_s: float | None = None) -> Verd
         if (reason := sandbox.failure_reason()) is not None:
             return _env_failure(f"sandbox unusable before verification: {reason}", started=started)
         sandbox.kill_all_processes()
-        reset = sandbox.exec(
-            ["sh", "-c", 'rm -rf -- "$1" "$2" && mkdir -p -- "$1"', "sh", VERIFIER_LOGS_DIR, TESTS_DIR],
-            timeout=30,
-            user=ROOT_USER,
-        )
+        reset = _root(sandbox, _RESET, VERIFIER_LOGS_DIR, TESTS_DIR)
         if not reset.ok:
             return _env_failure(f"could not reset {VERIFIER_LOGS_DIR} and {TESTS_DIR}", reset, started)
         sandbox.copy_in(task.tests_dir, TESTS_DIR)
+        sealed = _root(sandbox, _SEAL, TESTS_DIR)
+        if not sealed.ok:
+            return _env_failure(f"could not make {TESTS_DIR} root's alone", sealed, started)
         result = sandbox.exec(
             ["bash", f"{TESTS_DIR}/test.sh"], timeout=timeout_s, env=task.config.verifier.env, user=ROOT_USER
         )
-        if result.timed_out:
-            return Verdict(
-                "timeout",
-                None,
-                f"tests/test.sh ran past {timeout_s:.0f}s",
-                stdout=result.stdout[-_TAIL:],
-                stderr=result.stderr[-_TAIL:],
-                wall_s=time.monotonic() - started,
-            )
+        # Agent code a test started (as the agent user) must not outlive grading into the reward read.
+        sandbox.kill_all_processes()
         if (reason := sandbox.failure_reason()) is not None:
             return _env_failure(f"sandbox failed during verification: {reason}", result, started)
+        if result.timed_out:
+            return _no_reward(f"tests/test.sh ran past {timeout_s:.0f}s", result, started)
         with tempfile.TemporaryDirectory(prefix="legorl-verdict-") as tmp:
             logs = Path(tmp) / "verifier"
             sandbox.copy_out(VERIFIER_LOGS_DIR, logs)
             try:
                 reward, metrics = parse_reward(logs)
             except ValueError as exc:
-                return _env_failure(f"tests/test.sh exited {result.exit_code}: {exc}", result, started)
+                return _no_reward(f"tests/test.sh exited {result.exit_code}: {exc}", result, started)
     except SandboxError as exc:
         return _env_failure(f"sandbox error during verification: {exc}", started=started)
     return Verdict(

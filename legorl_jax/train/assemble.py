@@ -40,6 +40,8 @@ def rollout_metrics(groups: list[GroupResult]) -> dict[str, float]:
         "rollout/trials": float(len(trajectories)),
         "rollout/graded": float(len(graded)),
         "rollout/env_failures": float(sum(t.status == pb.TRIAL_STATUS_ENV_FAILURE for t in trajectories)),
+        # Graded 0 because the agent's output broke the tests: counted apart from env failures.
+        "rollout/verifier_no_reward": float(sum(t.metrics.verifier_no_reward for t in trajectories)),
         "rollout/model_calls": float(sum(t.metrics.model_calls for t in trajectories)),
         "rollout/completion_tokens": float(sum(t.metrics.completion_tokens for t in trajectories)),
         "rollout/reissues": float(sum(g.reissues for g in groups)),

@@ -1,8 +1,9 @@
 """Trial sandboxes: Docker containers (isolated) or a local temp dir (unisolated).
 
 `SandboxFactory` is what the rollout server holds: it decides Docker or local
-once, prepares the proxy-only network, reaps orphans at start-up, and makes
-one sandbox per trial from a task.
+once (never local by surprise: that takes `kind="local"` or an explicit
+`allow_local_fallback`), prepares the proxy-only network, reaps orphans at
+start-up, and makes one sandbox per trial from a task.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rollout_server.sandbox.base import (
     SandboxSpec,
 )
 from rollout_server.sandbox.docker import DockerSandbox
-from rollout_server.sandbox.local import LocalSandbox
+from rollout_server.sandbox.local import LocalSandbox, bwrap_path
 from rollout_server.sandbox.network import ProxyNetwork, ensure_proxy_network, reap_stale_networks, remove_proxy_network
 from rollout_server.sandbox.reaper import Reaper
 from rollout_server.tasks import Task
@@ -76,9 +77,25 @@ def spec_for_task(
         docker_image=env.docker_image,
         cpus=min(env.cpus, max_cpus) if max_cpus else env.cpus,
         memory_mb=min(env.memory_mb, max_memory_mb) if max_memory_mb else env.memory_mb,
+        storage_mb=env.storage_mb,
         pids_limit=pids_limit,
         wall_clock_s=wall_clock_s,
         build_timeout_s=env.build_timeout_sec,
+    )
+
+
+def _warn_local(kind: str, network: str) -> None:
+    """Says loudly, once per server, what the local sandbox leaves open."""
+    why = "sandbox.kind is local" if kind == "local" else "no Docker daemon answers (sandbox.allow_local_fallback)"
+    if bwrap_path() is None:
+        reach = "no bubblewrap: agents share the host's network (engine, gRPC, proxy and every other service)"
+    elif network == "proxy_only":
+        reach = "bubblewrap: each command has its own network namespace reaching only the proxy"
+    else:
+        reach = "bubblewrap: each command has its own network namespace reaching nothing"
+    log.warning(
+        "%s: trials run in the LOCAL sandbox, which is NOT isolated (host kernel and system files, no cgroup "
+        "limits); %s. Use Docker for training.", why, reach,
     )
 
 
@@ -91,13 +108,21 @@ class SandboxFactory:
         network: Literal["proxy_only", "none"] = "proxy_only",
         proxy_port: int | None = None,
         reap_interval_s: float = 30.0,
+        allow_local_fallback: bool = False,
     ) -> None:
         client = docker_client_or_none() if kind in ("auto", "docker") else None
         if kind == "docker" and client is None:
             raise SandboxError("sandbox.kind is docker but no Docker daemon answers")
+        if kind == "auto" and client is None and not allow_local_fallback:
+            # The local sandbox is no place for a policy under training: never switch to it silently.
+            raise SandboxError(
+                "no Docker daemon answers and sandbox.kind is auto: start Docker, or accept the unisolated "
+                "local sandbox with sandbox.kind: local or sandbox.allow_local_fallback: true"
+            )
         self.kind: Literal["docker", "local"] = "docker" if client is not None else "local"
         self._client = client
         self._network_mode = network
+        self._proxy_port = proxy_port
         self._network: ProxyNetwork | None = None
         self._reaper: Reaper | None = None
         if client is not None:
@@ -114,7 +139,7 @@ class SandboxFactory:
                     log.info("removed %d proxy networks of servers that are gone", len(stale))
                 self._network = ensure_proxy_network(client, proxy_port)
         else:
-            log.warning("no Docker daemon: trials run in the local sandbox, which is NOT isolated")
+            _warn_local(kind, network)
 
     @property
     def client(self) -> docker_sdk.DockerClient | None:
@@ -128,7 +153,9 @@ class SandboxFactory:
         """An unstarted sandbox for one trial; the caller starts and always stops it."""
         if self._client is not None:
             return DockerSandbox(spec, self._client, self._network)
-        return LocalSandbox(spec, share_network=self._network_mode == "proxy_only")
+        if self._network_mode == "proxy_only" and self._proxy_port is not None:
+            return LocalSandbox(spec, network="proxy_only", proxy_port=self._proxy_port)
+        return LocalSandbox(spec, network="none")
 
     def close(self) -> None:
         """Call once every sandbox is stopped: the proxy network goes with its server."""

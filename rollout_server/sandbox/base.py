@@ -58,6 +58,7 @@ class SandboxSpec:
     workdir: str | None = None  # None: the image's WORKDIR
     cpus: float = 1.0
     memory_mb: int = 2048
+    storage_mb: int | None = None  # the writable filesystem's size; None: unlimited
     pids_limit: int = 512
     wall_clock_s: float = 3600.0
     build_timeout_s: float = 600.0

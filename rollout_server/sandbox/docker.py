@@ -41,6 +41,8 @@ MAX_OUTPUT_CHARS = 1_000_000
 _HOST_GRACE_S = 5.0
 # What Docker gives a container whose image sets no PATH.
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Per daemon ID: None when container disk limits work, else why they do not.
+_storage_support: dict[str, str | None] = {}
 
 
 def _tar(host_path: Path, arcname: str) -> bytes:
@@ -64,6 +66,25 @@ def _bind_mounts(tools: tuple[ToolMount, ...]) -> list[Mount]:
 def _image_path(client: docker.DockerClient, image_id: str) -> str:
     env = client.images.get(image_id).attrs.get("Config", {}).get("Env") or []
     return next((e.split("=", 1)[1] for e in env if e.startswith("PATH=")), _DEFAULT_PATH)
+
+
+def _storage_size_support(client: docker.DockerClient, image_id: str) -> str | None:
+    """None when this daemon can cap a container's writable layer, else why not. Asked once per
+    daemon by creating (never starting) a container with a size: only overlay2 on xfs with
+    pquota, btrfs and zfs accept one."""
+    info = client.info()
+    key = info.get("ID", "")
+    if key not in _storage_support:
+        try:
+            client.containers.create(image_id, command=["true"], storage_opt={"size": "64M"}).remove(force=True)
+            _storage_support[key] = None
+        except docker.errors.APIError as exc:
+            backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "?")
+            _storage_support[key] = (
+                f"its storage driver ({info.get('Driver')} on {backing}) cannot limit a container's disk: "
+                f"{exc.explanation or exc}"
+            )
+    return _storage_support[key]
 
 
 def _decode_tail(data: bytes | None) -> str:
@@ -113,6 +134,16 @@ class DockerSandbox:
                 # Container-wide, so every exec (the install check, the CLI, the agent's own shells) finds the tools.
                 env["PATH"] = ":".join([*self.spec.path_prefix, _image_path(self._client, image_id)])
             mounts = _bind_mounts(self.spec.tool_mounts)
+            storage_opt = None
+            if self.spec.storage_mb is not None:
+                refusal = _storage_size_support(self._client, image_id)
+                if refusal is not None:
+                    # Unenforced, the limit would be a promise an agent can break (and fill the host's disk).
+                    raise SandboxError(
+                        f"the task sets environment.storage_mb = {self.spec.storage_mb}, but this Docker daemon "
+                        f"cannot enforce it: {refusal}"
+                    )
+                storage_opt = {"size": f"{self.spec.storage_mb}M"}
             self._deadline = time.time() + self.spec.wall_clock_s
             self._container = self._client.containers.run(
                 image_id,
@@ -127,6 +158,7 @@ class DockerSandbox:
                 mem_limit=memory,
                 memswap_limit=memory,  # no swap: hitting the limit is an OOM, not a crawl
                 pids_limit=self.spec.pids_limit,
+                storage_opt=storage_opt,
                 network=self._network.name if self._network is not None else None,
                 network_mode=None if self._network is not None else "none",
                 security_opt=["no-new-privileges"],

@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import docker
 import docker.errors
@@ -41,6 +42,27 @@ class ProxyNetwork:
     name: str
     gateway: str
     proxy_port: int
+
+
+def network_gateway(attrs: dict[str, Any]) -> str:
+    """The host's IPv4 address on a Docker network, from `docker network inspect` attributes.
+
+    A freshly started daemon may list its default bridge's IPAM config as only
+    `{"Subnet": ...}`, without `Gateway`; Docker then gives the bridge the
+    subnet's first host address, so that is the answer.
+    """
+    name = attrs.get("Name", "?")
+    for config in attrs.get("IPAM", {}).get("Config") or []:
+        if config.get("Gateway"):
+            # Some daemon versions write the gateway with a prefix length ("172.18.0.1/16").
+            gateway = ipaddress.ip_interface(config["Gateway"]).ip
+            if gateway.version == 4:
+                return str(gateway)
+        elif config.get("Subnet"):
+            subnet = ipaddress.ip_network(config["Subnet"], strict=False)
+            if subnet.version == 4:
+                return str(next(subnet.hosts()))
+    raise SandboxError(f"network {name} has no IPv4 subnet, so no gateway address")
 
 
 def _port_of(name: str) -> int | None:
@@ -107,11 +129,7 @@ def ensure_proxy_network(client: docker.DockerClient, proxy_port: int) -> ProxyN
         attrs = network.attrs
         if not attrs.get("Internal"):
             raise SandboxError(f"network {name} exists but is not internal; remove it (docker network rm {name})")
-        configs = attrs.get("IPAM", {}).get("Config") or []
-        if not configs or "Gateway" not in configs[0]:
-            raise SandboxError(f"network {name} has no gateway address")
-        gateway = configs[0]["Gateway"]
-        ipaddress.ip_address(gateway)
+        gateway = network_gateway(attrs)
         bridge = attrs.get("Options", {}).get("com.docker.network.bridge.name", f"br-{network.id[:12]}")
         _install_rules(bridge, chain, gateway, proxy_port)
     return ProxyNetwork(name=name, gateway=gateway, proxy_port=proxy_port)
@@ -163,8 +181,10 @@ def reap_stale_networks(client: docker.DockerClient, min_age_s: float = 120.0) -
             attrs = client.api.inspect_network(entry["Id"])
         except docker.errors.NotFound:
             continue
-        configs = attrs.get("IPAM", {}).get("Config") or [{}]
-        gateway = configs[0].get("Gateway")
+        try:
+            gateway: str | None = network_gateway(attrs)
+        except SandboxError:
+            gateway = None
         if attrs.get("Containers") or (gateway and _proxy_listening(gateway, port)):
             continue
         try:

@@ -102,3 +102,12 @@ def test_run_log_cuts_back_to_the_resumed_step(tmp_path) -> None:
     log.close()
     assert [(r["step"], r["reward/mean"]) for r in read_metrics(tmp_path)] == [(1, 0.1), (2, 0.2), (3, 0.9)]
     assert list((tmp_path / "tensorboard").iterdir())
+
+
+def test_a_graded_zero_without_a_reward_file_counts_in_pass_rates() -> None:
+    """Tests broken by what the agent left are a graded 0: in the pass rate, counted apart from env failures."""
+    broke_the_tests = trajectory(0.0)
+    broke_the_tests.metrics.verifier_no_reward = True
+    metrics = rollout_metrics([group(trajectory(1.0), broke_the_tests, trajectory(None))])
+    assert metrics["pass_rate"] == 0.5 and metrics["rollout/graded"] == 2
+    assert metrics["rollout/verifier_no_reward"] == 1 and metrics["rollout/env_failures"] == 1

@@ -10,6 +10,7 @@ import docker
 import pytest
 
 from rollout_server.sandbox import AGENT_USER, DockerSandbox, SandboxError, SandboxSpec
+from rollout_server.sandbox.docker import _storage_size_support
 from rollout_server.sandbox.images import BASE_IMAGE
 from rollout_server.sandbox.reaper import DEADLINE_LABEL, OWNER_LABEL, TRIAL_LABEL, owner_id
 
@@ -147,3 +148,20 @@ def test_orphans_are_reaped_and_kill_all_spares_the_container(make_box: MakeBox)
     box.kill_all_processes()
     assert box.failure_reason() is None
     assert not box.exec("pgrep -f 'sleep 30[0]'", timeout=10).ok
+
+
+# Tries to write 150 MB as the agent, then says whether the disk filled up.
+WRITE_150MB = "dd if=/dev/zero of=/app/big bs=1M count=150 2>&1; ls -s --block-size=1M /app/big"
+
+
+def test_storage_limit_is_enforced_or_refused(make_box: MakeBox, docker_client: docker.DockerClient) -> None:
+    if _storage_size_support(docker_client, BASE_IMAGE) is not None:
+        # This daemon cannot cap a container's disk: the task is refused by name, never run unlimited.
+        with pytest.raises(SandboxError, match=r"environment.storage_mb = 20, but this Docker daemon cannot"):
+            make_box(storage_mb=20)
+        return
+    box = make_box(storage_mb=20)
+    result = box.exec(WRITE_150MB, timeout=60, user=AGENT_USER)
+    assert "No space left on device" in result.stdout, result
+    assert int(result.stdout.split()[-2]) <= 20
+    assert box.exec("rm /app/big && echo ok > /app/small && cat /app/small", timeout=10).stdout == "ok\n"

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from rollout_server.sandbox import LocalSandbox, SandboxError, SandboxSpec
-from rollout_server.sandbox.local import bwrap_path
+from rollout_server.sandbox import AGENT_USER, LocalSandbox, SandboxError, SandboxSpec
+from rollout_server.sandbox.local import _unprivileged_bwrap_works, bwrap_path
 
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
 MakeBox = Callable[..., LocalSandbox]
@@ -19,10 +21,14 @@ MakeBox = Callable[..., LocalSandbox]
 def make_box() -> Iterator[MakeBox]:
     made: list[LocalSandbox] = []
 
-    def make(environment_dir: Path | None = None, use_bwrap: bool | None = True, **limits: object) -> LocalSandbox:
+    def make(
+        environment_dir: Path | None = None, use_bwrap: bool | None = True, network: str = "host",
+        proxy_port: int | None = None, **limits: object,
+    ) -> LocalSandbox:
         box = LocalSandbox(
-            SandboxSpec(trial_id="local", environment_dir=environment_dir, **limits), use_bwrap=use_bwrap
-        )  # type: ignore[arg-type]
+            SandboxSpec(trial_id="local", environment_dir=environment_dir, **limits),  # type: ignore[arg-type]
+            use_bwrap=use_bwrap, network=network, proxy_port=proxy_port,  # type: ignore[arg-type]
+        )
         made.append(box)
         box.start()
         return box
@@ -133,3 +139,93 @@ def test_wall_clock_and_bad_dockerfile(make_box: MakeBox, tmp_path: Path) -> Non
     (bad / "Dockerfile").write_text("FROM x\nCOPY ../outside /app/\n")
     with pytest.raises(SandboxError, match="not in the build context"):
         make_box(bad, use_bwrap=False)
+
+
+# Prints one line per port on 127.0.0.1: OPEN <greeting> or FAIL <error>.
+PROBE = """
+import socket, sys
+for port in sys.argv[1:]:
+    try:
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=2) as s:
+            print(port, "OPEN", s.recv(5).decode())
+    except OSError as exc:
+        print(port, "FAIL", type(exc).__name__)
+"""
+
+
+def serve(greeting: bytes) -> int:
+    """A host TCP service on 127.0.0.1 (where the engine and the proxy listen) greeting each connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def loop() -> None:
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(greeting)
+
+    threading.Thread(target=loop, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+def probe(box: LocalSandbox, user: str, *ports: int) -> dict[int, str]:
+    result = box.exec(["python3", "-c", PROBE, *map(str, ports)], timeout=30, user=user)
+    assert result.ok, result
+    return {int(line.split(" ", 1)[0]): line.split(" ", 1)[1] for line in result.stdout.splitlines()}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("user", [AGENT_USER, "root"])
+def test_proxy_only_reaches_the_proxy_and_not_the_engine(make_box: MakeBox, user: str) -> None:
+    proxy, engine = serve(b"proxy"), serve(b"engin")
+    box = make_box(network="proxy_only", proxy_port=proxy)
+    assert box.network_isolated and box.proxy_host == "127.0.0.1"
+    # Twice: every command gets its own namespace and its own forwarder.
+    for _ in range(2):
+        assert probe(box, user, proxy, engine) == {proxy: "OPEN proxy", engine: "FAIL ConnectionRefusedError"}
+
+
+@needs_bwrap
+def test_no_network_reaches_nothing(make_box: MakeBox) -> None:
+    engine = serve(b"engin")
+    box = make_box(network="none")
+    assert probe(box, AGENT_USER, engine) == {engine: "FAIL ConnectionRefusedError"}
+    with pytest.raises(SandboxError, match="no network"):
+        _ = box.proxy_host
+
+
+def test_host_network_is_what_the_sandbox_shares_without_bwrap(make_box: MakeBox) -> None:
+    engine = serve(b"engin")
+    box = make_box(use_bwrap=False, network="proxy_only", proxy_port=engine)
+    assert not box.network_isolated
+    assert probe(box, AGENT_USER, engine) == {engine: "OPEN engin"}
+
+
+@pytest.mark.skipif(not _unprivileged_bwrap_works(), reason="needs root and bwrap that runs under a dropped uid")
+def test_agent_commands_run_as_an_unprivileged_uid(make_box: MakeBox, tmp_path: Path) -> None:
+    box = make_box(network="none")
+    (tmp_path / "given.txt").write_text("x")
+    box.copy_in(tmp_path / "given.txt", "/app/given.txt")  # files put in the agent's workdir are its own
+    assert box.exec("echo y >> /app/given.txt", timeout=10, user=AGENT_USER).ok
+    assert box.agent_uid is not None and box.agent_uid != make_box(network="none").agent_uid
+    agent = box.exec(
+        "id -u; touch /app/mine /tmp/mine /home/agent/mine /logs/agent/mine && echo wrote; "
+        "touch /logs/verifier/reward.txt 2>/dev/null || echo refused",
+        timeout=10,
+        user=AGENT_USER,
+    )
+    assert agent.stdout.split() == [str(box.agent_uid), "wrote", "refused"], agent
+    assert box.exec("id -u", timeout=10).stdout.strip() == "0"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the local sandbox's disk limit is a loop mount, which needs root")
+@pytest.mark.parametrize("use_bwrap", [pytest.param(True, marks=needs_bwrap), False])
+def test_storage_limit_fails_writes_past_it(make_box: MakeBox, use_bwrap: bool) -> None:
+    box = make_box(use_bwrap=use_bwrap, storage_mb=20)
+    big = box.exec("dd if=/dev/zero of=big bs=1M count=150 2>&1", timeout=60, user=AGENT_USER)
+    assert "No space left on device" in big.stdout, big
+    assert box.host_path("/app/big").stat().st_size <= 20 << 20
+    # The trial goes on: once the agent frees space, writes work again.
+    assert box.exec("rm big && echo ok > small && cat small", timeout=10, user=AGENT_USER).stdout == "ok\n"
+    root = box.host_path("/app").parent.parent
+    box.stop()
+    assert not root.exists()

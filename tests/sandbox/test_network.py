@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -10,10 +9,9 @@ from collections.abc import Callable, Iterator
 import docker
 import pytest
 
-from rollout_server.sandbox import AGENT_USER, DockerSandbox
-from rollout_server.sandbox.network import ProxyNetwork, ensure_proxy_network, remove_proxy_network
+from rollout_server.sandbox import AGENT_USER, DockerSandbox, SandboxError
+from rollout_server.sandbox.network import ProxyNetwork, ensure_proxy_network, network_gateway, remove_proxy_network
 
-pytestmark = pytest.mark.docker
 MakeBox = Callable[..., DockerSandbox]
 
 # Prints one line per target: OPEN <greeting> or FAIL <error>.
@@ -64,6 +62,7 @@ def probe(box: DockerSandbox, *targets: str) -> dict[str, str]:
     return {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in result.stdout.splitlines()}
 
 
+@pytest.mark.docker
 def test_only_the_proxy_is_reachable(
     make_box: MakeBox, proxy_net: ProxyNetwork, docker_client: docker.DockerClient
 ) -> None:
@@ -76,9 +75,7 @@ def test_only_the_proxy_is_reachable(
     assert other.exec(["sh", "-c", f"setsid python3 -c '{PEER_SERVER}' > /dev/null 2>&1 &"], timeout=10).ok
     gateway = box.proxy_host
     # The host's address on Docker's default bridge: another way in to host services.
-    default_bridge = str(
-        next(ipaddress.ip_network(docker_client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Subnet"]).hosts())
-    )
+    default_bridge = network_gateway(docker_client.networks.get("bridge").attrs)
     seen = probe(
         box,
         f"{gateway}:{proxy_net.proxy_port}",
@@ -98,6 +95,27 @@ def test_only_the_proxy_is_reachable(
     assert probe(other, "127.0.0.1:8000") == {"127.0.0.1:8000": "OPEN peer!"}  # the peer's server was up
 
 
+@pytest.mark.docker
 def test_network_setup_is_idempotent(docker_client: docker.DockerClient, proxy_net: ProxyNetwork) -> None:
     again = ensure_proxy_network(docker_client, proxy_net.proxy_port)
     assert again == proxy_net
+
+
+@pytest.mark.parametrize(
+    ("config", "gateway"),
+    [
+        ([{"Subnet": "172.18.0.0/16", "Gateway": "172.18.0.1"}], "172.18.0.1"),
+        # A freshly started daemon's default bridge: no Gateway key at all.
+        ([{"Subnet": "172.17.0.0/16"}], "172.17.0.1"),
+        ([{"Subnet": "10.9.8.0/24", "Gateway": "10.9.8.254/24"}], "10.9.8.254"),
+        ([{"Subnet": "fd00::/64", "Gateway": "fd00::1"}, {"Subnet": "192.168.5.0/24"}], "192.168.5.1"),
+    ],
+)
+def test_network_gateway_with_and_without_the_gateway_key(config: list[dict[str, str]], gateway: str) -> None:
+    assert network_gateway({"Name": "n", "IPAM": {"Config": config}}) == gateway
+
+
+@pytest.mark.parametrize("ipam", [{}, {"Config": None}, {"Config": [{"Subnet": "fd00::/64"}]}])
+def test_network_gateway_without_an_ipv4_subnet_names_the_network(ipam: dict[str, object]) -> None:
+    with pytest.raises(SandboxError, match="network n has no IPv4 subnet"):
+        network_gateway({"Name": "n", "IPAM": ipam})

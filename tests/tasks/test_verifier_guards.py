@@ -15,7 +15,7 @@ import pytest
 from rollout_server.sandbox import AGENT_USER, LocalSandbox, Sandbox, SandboxFactory, spec_for_task
 from rollout_server.sandbox.local import bwrap_path
 from rollout_server.tasks import Task, demo_tasks, load_task
-from rollout_server.verifier import verify
+from rollout_server.verifier import Verdict, verify
 
 pytestmark = pytest.mark.docker
 EDIT = next(t for t in demo_tasks() if t.name == "edit-config")  # a no-op scores 0 on it
@@ -82,29 +82,38 @@ def test_agent_user_cannot_reach_the_verifier(sandbox: Sandbox) -> None:
     assert sandbox.exec("echo work > /app/notes.txt", timeout=10, user=AGENT_USER).ok  # its own workdir is writable
 
 
-def test_verifier_timeout_is_ungraded(docker_factory: SandboxFactory, tmp_path: Path) -> None:
-    task = image_task(tmp_path, "sleep 60\necho 1 > /logs/verifier/reward.txt\n", verifier_timeout=2)
-    box = docker_factory.create(spec_for_task(task, f"vt-{uuid.uuid4().hex[:8]}"))
+def graded(docker_factory: SandboxFactory, task: Task) -> Verdict:
+    box = docker_factory.create(spec_for_task(task, f"v-{uuid.uuid4().hex[:8]}"))
     try:
         box.start()
-        verdict = verify(box, task)
+        return verify(box, task)
     finally:
         box.stop()
-    assert (verdict.status, verdict.reward) == ("timeout", None)
-    assert "2s" in verdict.reason
 
 
-def test_broken_verifier_is_env_failure(docker_factory: SandboxFactory, tmp_path: Path) -> None:
-    task = image_task(tmp_path, "echo grading >&2\nexit 3\n")
-    box = docker_factory.create(spec_for_task(task, f"vb-{uuid.uuid4().hex[:8]}"))
-    try:
-        box.start()
-        verdict = verify(box, task)
-    finally:
-        box.stop()
-    assert (verdict.status, verdict.reward) == ("env_failure", None)
+def test_verifier_timeout_is_a_graded_zero(docker_factory: SandboxFactory, tmp_path: Path) -> None:
+    # The sandbox is healthy, so what hung the tests is what the agent left (a FIFO, say).
+    verdict = graded(docker_factory, image_task(tmp_path, "sleep 60\necho 1 > /logs/verifier/reward.txt\n", 2))
+    assert (verdict.status, verdict.reward) == ("no_reward", 0.0)
+    assert "graded 0" in verdict.reason and "2s" in verdict.reason
+
+
+def test_tests_that_write_no_reward_are_a_graded_zero(docker_factory: SandboxFactory, tmp_path: Path) -> None:
+    verdict = graded(docker_factory, image_task(tmp_path, "echo grading >&2\nexit 3\n"))
+    assert (verdict.status, verdict.reward) == ("no_reward", 0.0)
     assert "exited 3" in verdict.reason and "neither reward.txt" in verdict.reason
     assert "grading" in verdict.stderr
+
+
+def test_agent_code_run_by_tests_cannot_read_them(docker_factory: SandboxFactory, tmp_path: Path) -> None:
+    """/tests is root's alone while grading: agent code a test runs cannot read the answers."""
+    test_sh = (
+        "mkdir -p /logs/verifier\n"
+        "if runuser -u agent -- cat /tests/test.sh >/dev/null 2>&1; then echo 1; else echo 0; fi"
+        " > /logs/verifier/reward.txt\n"
+    )
+    verdict = graded(docker_factory, image_task(tmp_path, test_sh))
+    assert (verdict.status, verdict.reward) == ("ok", 0.0), verdict
 
 
 def test_dead_container_is_env_failure(docker_factory: SandboxFactory) -> None:

@@ -128,7 +128,7 @@ class PhaseTimes(_message.Message):
     def __init__(self, setup_s: _Optional[float] = ..., agent_s: _Optional[float] = ..., verify_s: _Optional[float] = ..., teardown_s: _Optional[float] = ...) -> None: ...
 
 class TrialMetrics(_message.Message):
-    __slots__ = ("model_calls", "tool_calls", "prompt_tokens", "completion_tokens", "phase_times", "history_rewrites", "tool_parse_errors")
+    __slots__ = ("model_calls", "tool_calls", "prompt_tokens", "completion_tokens", "phase_times", "history_rewrites", "tool_parse_errors", "verifier_no_reward")
     MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,7 @@ class TrialMetrics(_message.Message):
     PHASE_TIMES_FIELD_NUMBER: _ClassVar[int]
     HISTORY_REWRITES_FIELD_NUMBER: _ClassVar[int]
     TOOL_PARSE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_NO_REWARD_FIELD_NUMBER: _ClassVar[int]
     model_calls: int
     tool_calls: int
     prompt_tokens: int
@@ -143,7 +144,8 @@ class TrialMetrics(_message.Message):
     phase_times: PhaseTimes
     history_rewrites: int
     tool_parse_errors: int
-    def __init__(self, model_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., phase_times: _Optional[_Union[PhaseTimes, _Mapping]] = ..., history_rewrites: _Optional[int] = ..., tool_parse_errors: _Optional[int] = ...) -> None: ...
+    verifier_no_reward: bool
+    def __init__(self, model_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., phase_times: _Optional[_Union[PhaseTimes, _Mapping]] = ..., history_rewrites: _Optional[int] = ..., tool_parse_errors: _Optional[int] = ..., verifier_no_reward: _Optional[bool] = ...) -> None: ...
 
 class Trajectory(_message.Message):
     __slots__ = ("request_id", "task_id", "group_id", "trial_index", "harness", "sequences", "reward", "status", "error", "metrics", "sampling", "labels")

@@ -14,13 +14,15 @@ path = /var/lib/service
 debug = true
 """
 
-WRONG = 3  # exit status for "graded, wrong answer"; a crash exits 1 and leaves the trial ungraded
+WRONG = 3  # exit status for a wrong answer
 
-try:
-    actual = Path(sys.argv[1]).read_text()
-except FileNotFoundError:
-    print(f"{sys.argv[1]} is missing", file=sys.stderr)
+# Only a small regular UTF-8 file can be right: a FIFO, device, directory or huge file is wrong.
+path = Path(sys.argv[1])
+if not path.is_file():
+    print(f"{path} is missing or not a regular file", file=sys.stderr)
     sys.exit(WRONG)
+with path.open("rb") as fh:
+    actual = fh.read(len(EXPECTED.encode()) + 64).decode("utf-8", errors="replace")
 if actual.strip() != EXPECTED.strip():
     print("service.ini differs from the expected configuration", file=sys.stderr)
     sys.exit(WRONG)

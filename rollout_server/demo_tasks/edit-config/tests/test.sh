@@ -1,10 +1,6 @@
 #!/bin/bash
-# Grades /app/service.ini against the expected file. The checker exits 3 for a wrong
-# answer; any other failure means the checker itself broke, so no reward is written.
+# Grades /app/service.ini against the expected file: a pass writes 1, anything else
+# (a wrong file, or one the checker could not read) writes 0.
 mkdir -p /logs/verifier
-python3 /tests/check_config.py /app/service.ini
-case $? in
-  0) echo 1 > /logs/verifier/reward.txt ;;
-  3) echo 0 > /logs/verifier/reward.txt ;;
-  *) echo "checker crashed: leaving the trial ungraded" >&2 ;;
-esac
+if python3 /tests/check_config.py /app/service.ini >&2; then reward=1; else reward=0; fi
+echo "$reward" > /logs/verifier/reward.txt

@@ -9,7 +9,8 @@ problems = []
 for name, content in manifest.items():
     ext = name.rsplit(".", 1)[1].lower() if "." in name else "none"
     target = app / "sorted" / ext / name
-    if not target.is_file() or target.read_text() != content:
+    # is_file() first: a FIFO or device there must not hang or flood the read.
+    if not target.is_file() or target.open("rb").read(len(content) + 1) != content.encode():
         problems.append(f"{name} not found unchanged at {target}")
 inbox = app / "inbox"
 if inbox.exists() and any(inbox.iterdir()):
