@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +10,8 @@ import pytest
 
 from rollout_server.sandbox import AGENT_USER, LocalSandbox, SandboxError, SandboxSpec
 from rollout_server.sandbox.local import _unprivileged_bwrap_works, bwrap_path
+
+from .test_network import serve
 
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
 MakeBox = Callable[..., LocalSandbox]
@@ -153,20 +153,6 @@ for port in sys.argv[1:]:
 """
 
 
-def serve(greeting: bytes) -> int:
-    """A host TCP service on 127.0.0.1 (where the engine and the proxy listen) greeting each connection."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def loop() -> None:
-        while True:
-            conn, _ = listener.accept()
-            with conn:
-                conn.sendall(greeting)
-
-    threading.Thread(target=loop, daemon=True).start()
-    return listener.getsockname()[1]
-
-
 def probe(box: LocalSandbox, user: str, *ports: int) -> dict[int, str]:
     result = box.exec(["python3", "-c", PROBE, *map(str, ports)], timeout=30, user=user)
     assert result.ok, result
@@ -176,7 +162,7 @@ def probe(box: LocalSandbox, user: str, *ports: int) -> dict[int, str]:
 @needs_bwrap
 @pytest.mark.parametrize("user", [AGENT_USER, "root"])
 def test_proxy_only_reaches_the_proxy_and_not_the_engine(make_box: MakeBox, user: str) -> None:
-    proxy, engine = serve(b"proxy"), serve(b"engin")
+    proxy, engine = serve(b"proxy", "127.0.0.1"), serve(b"engin", "127.0.0.1")
     box = make_box(network="proxy_only", proxy_port=proxy)
     assert box.network_isolated and box.proxy_host == "127.0.0.1"
     # Twice: every command gets its own namespace and its own forwarder.
@@ -186,7 +172,7 @@ def test_proxy_only_reaches_the_proxy_and_not_the_engine(make_box: MakeBox, user
 
 @needs_bwrap
 def test_no_network_reaches_nothing(make_box: MakeBox) -> None:
-    engine = serve(b"engin")
+    engine = serve(b"engin", "127.0.0.1")
     box = make_box(network="none")
     assert probe(box, AGENT_USER, engine) == {engine: "FAIL ConnectionRefusedError"}
     with pytest.raises(SandboxError, match="no network"):
@@ -194,7 +180,7 @@ def test_no_network_reaches_nothing(make_box: MakeBox) -> None:
 
 
 def test_host_network_is_what_the_sandbox_shares_without_bwrap(make_box: MakeBox) -> None:
-    engine = serve(b"engin")
+    engine = serve(b"engin", "127.0.0.1")
     box = make_box(use_bwrap=False, network="proxy_only", proxy_port=engine)
     assert not box.network_isolated
     assert probe(box, AGENT_USER, engine) == {engine: "OPEN engin"}

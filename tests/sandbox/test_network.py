@@ -34,9 +34,9 @@ PEER_SERVER = (
 )
 
 
-def serve(greeting: bytes) -> int:
-    """A host TCP service on every interface that greets each connection."""
-    listener = socket.create_server(("0.0.0.0", 0))
+def serve(greeting: bytes, host: str = "0.0.0.0") -> int:
+    """A host TCP service (on every interface by default) that greets each connection; returns its port."""
+    listener = socket.create_server((host, 0))
 
     def loop() -> None:
         while True:
