@@ -174,7 +174,14 @@ class HarnessToolsConfig(Strict):
 
 class SandboxConfig(Strict):
     kind: Literal["auto", "docker", "local"] = Field(
-        "auto", description="auto: Docker when a daemon answers, else the local (unisolated) sandbox."
+        "auto",
+        description="auto: Docker when a daemon answers; without one, the local (unisolated) sandbox only when "
+        "allow_local_fallback is set, else the server refuses to start. local: always the local sandbox.",
+    )
+    allow_local_fallback: bool = Field(
+        False,
+        description="With kind auto, run trials in the local sandbox when no Docker daemon answers. It is not "
+        "isolated (an agent may reach the host's files and, without bubblewrap, its network): demos only.",
     )
     cpus: float = Field(1.0, gt=0)
     memory_mb: int = Field(2048, gt=0)
@@ -216,6 +223,11 @@ class TasksConfig(Strict):
     )
     demo_variants: DemoVariantsConfig = DemoVariantsConfig()
     eval_every: int = Field(10, gt=0)
+    location_roots: list[str] = Field(
+        [],
+        description="Directories a rollout server loads a Rollout request's TaskRef.location from, besides the "
+        "train/eval roots, the shipped demo tasks and the generated demo-task cache; any other location is refused.",
+    )
 
 
 class GrpcSecurityConfig(Strict):
@@ -245,6 +257,15 @@ class GrpcSecurityConfig(Strict):
 class FleetConfig(Strict):
     servers: list[str] = Field([], description="Rollout server addresses host:port; empty runs one in-process.")
     capacity_per_server: int = Field(8, gt=0, description="Trials per server at once (in-process server).")
+    max_queued_per_server: int = Field(
+        256, ge=0, description="Trials a server accepts beyond its capacity, waiting for a slot; more are refused."
+    )
+    max_trial_timeout_s: float = Field(
+        3600.0, gt=0, description="Longest agent or verifier timeout a Rollout request may ask a server for."
+    )
+    weights_idle_timeout_s: float = Field(
+        120.0, gt=0, description="A StreamWeights call that sends nothing for this long is ended and discarded."
+    )
     max_retries: int = Field(2, ge=0, description="Re-issues of a trial whose server died.")
     rpc_timeout_s: float = Field(3600.0, gt=0)
     agent_timeout_s: float = Field(600.0, gt=0)

@@ -4,12 +4,18 @@ sandbox factory and the gRPC `RolloutService`, started and stopped together.
 The proxy runs in this process (its session store is shared with the trial
 runner) and listens on loopback for in-process harnesses and, with Docker's
 proxy-only network, on that network's gateway for harnesses in containers.
+
+The gRPC endpoint runs trials (code in sandboxes) and replaces the policy, so
+it listens on loopback unless told otherwise, and refuses any other address
+without a bearer token. A request's `TaskRef.location` must lie under the
+server's task roots.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
 import logging
 import signal
 import socket
@@ -19,7 +25,7 @@ from pathlib import Path
 import grpc
 import uvicorn
 
-from legorl_jax.config import Config
+from legorl_jax.config import Config, ConfigError
 from legorl_jax.grpc_auth import server_security
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient
@@ -30,11 +36,14 @@ from rollout_server.proxy.engine_client import EngineClient as ProxyEngineClient
 from rollout_server.proxy.service import build_core
 from rollout_server.sandbox import SandboxFactory
 from rollout_server.service import RolloutService, ServiceLimits
-from rollout_server.demo_families import all_demo_tasks
-from rollout_server.tasks import Task, load_tasks
+from rollout_server.demo_families import all_demo_tasks, default_cache_root
+from rollout_server.tasks import DEMO_TASKS_DIR, Task, load_tasks
 from rollout_server.trial import TrialHost
 
 log = logging.getLogger(__name__)
+
+# Seconds the proxy waits for model calls still open at shutdown (their trials are gone by then).
+_PROXY_SHUTDOWN_S = 5.0
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -53,13 +62,42 @@ def server_tasks(config: Config) -> dict[str, Task]:
     return {task.name: task for task in tasks}
 
 
+def task_roots(config: Config) -> list[Path]:
+    """Directories a request's TaskRef.location may point into: the configured roots, the train/eval
+    directories, the shipped demo tasks and the generated demo-task cache."""
+    sources = [Path(p) for p in (*config.tasks.train, *config.tasks.eval)]
+    return [
+        *(Path(p) for p in config.tasks.location_roots),
+        *(p for p in sources if p.is_dir()),
+        DEMO_TASKS_DIR,
+        default_cache_root(),
+    ]
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a gRPC listen address (host:port, [v6]:port, unix:path) is reachable only from this host."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost, or empty (every interface)
+        return False
+
+
 class RolloutServer:
     """`await start()` brings every part up (engine first); `await stop()` drains and tears down."""
 
-    def __init__(self, config: Config, model_dir: str | Path, *, address: str = "127.0.0.1:0") -> None:
+    def __init__(
+        self, config: Config, model_dir: str | Path, *, address: str = "127.0.0.1:0", insecure_no_auth: bool = False
+    ) -> None:
         self.config = config
         self.model_dir = Path(model_dir)
         self.address = address
+        # Listen on a non-loopback address without a token: only for a network nobody else can reach.
+        self.insecure_no_auth = insecure_no_auth
         self.engine: ManagedEngine | None = None
         self.service: RolloutService | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -74,6 +112,12 @@ class RolloutServer:
         """Returns the gRPC address the server listens on."""
         cfg = self.config
         security = server_security(cfg.fleet.security)  # before the engine: a bad secret fails in a second
+        if not security.interceptors and not is_loopback(self.address) and not self.insecure_no_auth:
+            raise ConfigError(
+                f"refusing to listen on {self.address} without a bearer token: anyone who reaches it can run code "
+                "in sandboxes and replace the weights. Set fleet.security.token_env or fleet.security.token_file, "
+                "listen on 127.0.0.1 (--address), or pass --insecure-no-auth on a network only you can reach"
+            )
         tasks = server_tasks(cfg)
         self._tools = HarnessTools.from_config(cfg.sandbox.harness_tools)  # a bad path fails before the engine starts
         self.engine = await asyncio.to_thread(start_engine, cfg.engine, self.model_dir)
@@ -85,7 +129,8 @@ class RolloutServer:
         loopback = _bind(cfg.proxy.host, cfg.proxy.port)
         proxy_port = loopback.getsockname()[1]
         self._factory = await asyncio.to_thread(
-            SandboxFactory, cfg.sandbox.kind, cfg.sandbox.network, proxy_port=proxy_port
+            SandboxFactory, cfg.sandbox.kind, cfg.sandbox.network, proxy_port=proxy_port,
+            allow_local_fallback=cfg.sandbox.allow_local_fallback,
         )
         sockets = [loopback]
         if self._factory.network is not None:
@@ -96,7 +141,9 @@ class RolloutServer:
         )
         self._clients.append(core.engine)
         app = build_app(core, keepalive_s=cfg.proxy.keepalive_s)
-        self._proxy = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._proxy = uvicorn.Server(
+            uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=_PROXY_SHUTDOWN_S)
+        )
         self._proxy_task = asyncio.create_task(self._proxy.serve(sockets=sockets))
 
         host = TrialHost(
@@ -105,11 +152,17 @@ class RolloutServer:
         )
         limits = ServiceLimits(
             capacity=cfg.fleet.capacity_per_server,
+            max_queued=cfg.fleet.max_queued_per_server,
             agent_timeout_s=cfg.fleet.agent_timeout_s,
             verifier_timeout_s=cfg.fleet.verifier_timeout_s,
+            max_trial_timeout_s=cfg.fleet.max_trial_timeout_s,
+            max_tokens=cfg.engine.max_context,
+            weights_idle_timeout_s=cfg.fleet.weights_idle_timeout_s,
         )
         self._weights_dir = tempfile.TemporaryDirectory(prefix="legorl-weights-")
-        self.service = RolloutService(host, engine, tasks, Path(self._weights_dir.name), limits)
+        self.service = RolloutService(
+            host, engine, tasks, Path(self._weights_dir.name), limits, task_roots=task_roots(cfg)
+        )
         # Streamed weights carry tokenizer files whole in their header (Qwen3's is ~11 MB).
         self._grpc = grpc.aio.server(
             interceptors=security.interceptors, options=[("grpc.max_receive_message_length", 64 * 2**20)]
@@ -130,8 +183,13 @@ class RolloutServer:
         return self.address
 
     async def stop(self, grace_s: float = 60.0) -> None:
+        """Drains for at most `grace_s`, cancels the trials still running (they stream out as CANCELLED),
+        then tears every part down. Every wait is bounded, so a trial or a model call that would run for
+        minutes cannot hold the shutdown up."""
         if self.service is not None and not await self.service.drain(grace_s):
             log.warning("drain: trials still running after %.0fs; cancelling them", grace_s)
+            if not await self.service.cancel_trials(f"cancelled: the rollout server shut down ({grace_s:g} s grace)"):
+                log.warning("drain: cancelled trials did not all end in time; stopping anyway")
         if self._grpc is not None:
             await self._grpc.stop(grace=5.0)
         if self._proxy is not None and self._proxy_task is not None:

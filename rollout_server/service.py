@@ -2,35 +2,58 @@
 
 Bounded concurrency: at most `capacity` trials run at once; up to
 `max_queued` more wait; a request that would overflow the queue is refused
-with RESOURCE_EXHAUSTED (backpressure the fleet client understands). When the
-client goes away its trials are cancelled, and cancelled trials still tear
-their sandboxes down. While draining (SIGTERM), new requests are refused and
-in-flight ones finish.
+with RESOURCE_EXHAUSTED (backpressure the fleet client understands), one that
+could never fit, or breaks any other bound, with INVALID_ARGUMENT, all before
+a single trial is expanded. When the client goes away its trials are
+cancelled, and cancelled trials still tear their sandboxes down. While
+draining (SIGTERM), new requests are refused and in-flight ones finish; those
+still running when the grace ends are cancelled and stream out as CANCELLED.
+
+No handler lets an exception escape as gRPC's UNKNOWN: a bad request gets a
+precise code and message, a fault of the server's own is logged and answered
+INTERNAL, and the server keeps serving either way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
+import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 import grpc
+from pydantic import ValidationError
 
 from legorl_jax import __version__
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient, EngineError
 from rollout_server.harnesses import get_harness, harness_names
-from rollout_server.harnesses.base import HarnessConfigError
-from rollout_server.tasks import Task, TaskError, load_task
-from rollout_server.trial import TrialHost, TrialSpec, run_trial
-from rollout_server.weights import WeightTransferError, receive_stream, resolve_location
+from rollout_server.harnesses.base import HarnessConfigError, HarnessOptions
+from rollout_server.proxy.session import SessionCaps
+from rollout_server.tasks import Task, TaskError, confined_task_dir, load_task
+from rollout_server.trial import TrialHost, TrialSpec, run_trial, sampling_config
+from rollout_server.weights import WeightStreamStalled, WeightTransferError, receive_stream, resolve_location
 
 log = logging.getLogger(__name__)
+
+# Sizes a Rollout request's fields may have. Far above what the trainer sends; they keep one request
+# (the server accepts 64 MiB messages, for weight headers) from costing more than its trials are worth.
+MAX_REQUEST_BYTES = 2**20
+MAX_NAME_CHARS = 256  # request_id, task_id, harness name, config_id, label keys
+MAX_LOCATION_CHARS = 4096
+MAX_OPTIONS_JSON_BYTES = 64 * 2**10
+MAX_LABELS = 64
+MAX_LABEL_VALUE_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 64
+# After the drain grace, how long cancelled trials get to tear their sandboxes down and stream out.
+CANCEL_WAIT_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +62,130 @@ class ServiceLimits:
     max_queued: int = 256
     agent_timeout_s: float = 600.0
     verifier_timeout_s: float = 120.0
+    # The longest agent or verifier timeout a request may ask for.
+    max_trial_timeout_s: float = 3600.0
+    # The engine's context: no completion can be longer.
+    max_tokens: int = 4096
+    # A StreamWeights sender silent this long is dropped, so it cannot hold the weights lock.
+    weights_idle_timeout_s: float = 120.0
+
+
+class Refused(Exception):
+    """A request the server will not run, with the status code and message its caller gets."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _invalid(message: str) -> Refused:
+    return Refused(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+
+
+def _guarded(handler: Handler) -> Handler:
+    """Answers a unary handler's `Refused` with its code and any unexpected exception with
+    INTERNAL (logged), instead of the UNKNOWN grpc would send with the exception's text."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: RolloutService, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await handler(self, request, context)
+        except Refused as exc:
+            await context.abort(exc.code, str(exc))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _internal(context, handler.__name__, exc)
+
+    return wrapped  # type: ignore[return-value]
+
+
+async def _internal(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> NoReturn:
+    log.exception("%s failed inside the rollout server", method)
+    await context.abort(grpc.StatusCode.INTERNAL, f"rollout server fault in {method}: {exc!r}"[:2000])
+    raise AssertionError("abort returned")  # abort always raises
+
+
+def _check_request(request: pb.RolloutRequest, limits: ServiceLimits, caps: SessionCaps) -> None:
+    """Every bound of a Rollout request, checked on the request as sent: nothing is expanded or loaded yet."""
+    size = request.ByteSize()
+    if size > MAX_REQUEST_BYTES:
+        raise _invalid(f"request is {size} bytes; at most {MAX_REQUEST_BYTES}")
+    _check_len("request_id", request.request_id, MAX_NAME_CHARS)
+    if request.group_size < 1:
+        raise _invalid("group_size must be at least 1")
+    if not request.tasks or not request.harness_configs:
+        raise _invalid("a request needs at least one task and one harness config")
+    trials = len(request.tasks) * len(request.harness_configs) * request.group_size
+    most = limits.capacity + limits.max_queued
+    if trials > most:
+        raise _invalid(
+            f"request asks for {trials} trials ({len(request.tasks)} tasks x {len(request.harness_configs)} harness "
+            f"configs x group_size {request.group_size}); this server takes at most {most} at once "
+            f"({limits.capacity} running + {limits.max_queued} queued): split the request"
+        )
+    for i, ref in enumerate(request.tasks):
+        if not ref.task_id and not ref.location:
+            raise _invalid(f"tasks[{i}]: set task_id or location")
+        _check_len(f"tasks[{i}].task_id", ref.task_id, MAX_NAME_CHARS)
+        _check_len(f"tasks[{i}].location", ref.location, MAX_LOCATION_CHARS)
+    for i, harness in enumerate(request.harness_configs):
+        _check_len(f"harness_configs[{i}].name", harness.name, MAX_NAME_CHARS)
+        _check_len(f"harness_configs[{i}].config_id", harness.config_id, MAX_NAME_CHARS)
+        _check_len(f"harness_configs[{i}].options_json", harness.options_json, MAX_OPTIONS_JSON_BYTES)
+    if len(request.labels) > MAX_LABELS:
+        raise _invalid(f"{len(request.labels)} labels; at most {MAX_LABELS}")
+    for key, value in request.labels.items():
+        _check_len("a label key", key, MAX_NAME_CHARS)
+        _check_len(f"label {key!r}", value, MAX_LABEL_VALUE_CHARS)
+    _check_limits(request.limits, limits, caps)
+    _check_sampling(request.sampling, limits)
+
+
+def _check_len(what: str, value: str, most: int) -> None:
+    if len(value) > most:
+        raise _invalid(f"{what} is {len(value)} characters long; at most {most}")
+
+
+def _check_limits(trial: pb.TrialLimits, limits: ServiceLimits, caps: SessionCaps) -> None:
+    for field in ("agent_timeout_s", "verifier_timeout_s"):
+        value = getattr(trial, field)
+        if not (math.isfinite(value) and 0 <= value <= limits.max_trial_timeout_s):
+            raise _invalid(
+                f"limits.{field} is {value}; it must lie in (0, {limits.max_trial_timeout_s:g}] "
+                "(fleet.max_trial_timeout_s), or be 0 for the server's default"
+            )
+    # A request may tighten the proxy's per-session caps, never loosen them.
+    for field in ("max_model_calls", "max_total_tokens"):
+        value, cap = getattr(trial, field), getattr(caps, field)
+        if value > cap:
+            raise _invalid(f"limits.{field} is {value}; this server's cap is {cap} (proxy.{field})")
+
+
+def _check_sampling(sampling: pb.SamplingParams, limits: ServiceLimits) -> None:
+    if not all(math.isfinite(v) for v in (sampling.temperature, sampling.top_p)):
+        raise _invalid("sampling.temperature and sampling.top_p must be finite numbers")
+    if sampling.max_tokens > limits.max_tokens:
+        raise _invalid(f"sampling.max_tokens is {sampling.max_tokens}; the engine's context is {limits.max_tokens}")
+    if len(sampling.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise _invalid(f"{len(sampling.stop_token_ids)} sampling.stop_token_ids; at most {MAX_STOP_TOKEN_IDS}")
+    try:
+        sampling_config(sampling, limits.max_tokens)  # what each trial builds from it
+    except ValidationError as exc:
+        problems = "; ".join(f"sampling.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise _invalid(problems) from None
+
+
+def _parse_options(harness: pb.HarnessConfig) -> HarnessOptions:
+    try:
+        return get_harness(harness.name).parse_options(harness.options_json or None)
+    except HarnessConfigError as exc:
+        raise _invalid(str(exc)) from None
+    except RecursionError:
+        raise _invalid(f"{harness.name}: options_json nests too deeply") from None
 
 
 class RolloutService(pb_grpc.RolloutServiceServicer):
@@ -49,83 +196,103 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         tasks: dict[str, Task],
         weights_root: Path,
         limits: ServiceLimits = ServiceLimits(),
+        task_roots: Iterable[Path] = (),
     ) -> None:
         self.host = host
         self.weights_root = weights_root
         self.engine = engine
         self.tasks = tasks
         self.limits = limits
+        # Where a TaskRef.location may point: the given roots and every served task's own directory.
+        self.task_roots = tuple({Path(p).resolve() for p in task_roots} | {t.root.resolve() for t in tasks.values()})
         self.draining = False
         self._slots = asyncio.Semaphore(limits.capacity)
         self._running = 0
         self._queued = 0
+        self._trials: set[asyncio.Task[pb.Trajectory]] = set()
+        self._cancel_reason: str | None = None
         self._weights_lock = asyncio.Lock()
         self._idle = asyncio.Event()
         self._idle.set()
 
     # ------------------------------------------------------------- Rollout --
 
-    def _resolve_task(self, ref: pb.TaskRef) -> Task:
-        if ref.location:
-            return load_task(ref.location)
-        try:
-            return self.tasks[ref.task_id]
-        except KeyError:
-            raise TaskError(ref.task_id, "", f"unknown task id (this server knows {len(self.tasks)} tasks)") from None
+    def _resolve_tasks(self, refs: Iterable[pb.TaskRef]) -> list[Task]:
+        """The requested tasks, each location loaded once. Blocking (reads task directories)."""
+        loaded: dict[str, Task] = {}
+        out = []
+        for ref in refs:
+            if ref.location:
+                if ref.location not in loaded:
+                    loaded[ref.location] = load_task(confined_task_dir(ref.location, self.task_roots))
+                out.append(loaded[ref.location])
+            elif ref.task_id in self.tasks:
+                out.append(self.tasks[ref.task_id])
+            else:
+                known = len(self.tasks)
+                raise TaskError(ref.task_id, "", f"unknown task id (this server knows {known} tasks)")
+        return out
 
-    def _trials(self, request: pb.RolloutRequest) -> list[TrialSpec]:
-        if request.group_size < 1:
-            raise ValueError("group_size must be at least 1")
-        if not request.tasks or not request.harness_configs:
-            raise ValueError("a request needs at least one task and one harness config")
+    async def _specs(self, request: pb.RolloutRequest) -> list[TrialSpec]:
+        """The request's trials; `Refused` when any bound is broken or any task or option is bad."""
+        _check_request(request, self.limits, self.host.sessions.default_caps)
+        options = [_parse_options(h) for h in request.harness_configs]
+        try:
+            tasks = await asyncio.to_thread(self._resolve_tasks, request.tasks)
+        except TaskError as exc:
+            raise _invalid(str(exc)) from None
         limits = request.limits
         agent_s = limits.agent_timeout_s or self.limits.agent_timeout_s
         verifier_s = limits.verifier_timeout_s or self.limits.verifier_timeout_s
-        specs = []
-        for ref in request.tasks:
-            task = self._resolve_task(ref)
-            for harness_config in request.harness_configs:
-                options = get_harness(harness_config.name).parse_options(harness_config.options_json or None)
-                for index in range(request.group_size):
-                    specs.append(
-                        TrialSpec(
-                            trial_id=f"{request.request_id or 'req'}-{uuid.uuid4().hex[:10]}",
-                            task=task,
-                            harness=harness_config,
-                            options=options,
-                            sampling=request.sampling,
-                            limits=limits,
-                            labels=dict(request.labels),
-                            agent_timeout_s=agent_s,
-                            verifier_timeout_s=verifier_s,
-                        )
-                    )
-        return specs
+        labels = dict(request.labels)
+        return [
+            TrialSpec(
+                trial_id=f"{request.request_id or 'req'}-{uuid.uuid4().hex[:10]}",
+                task=task,
+                harness=harness,
+                options=parsed,
+                sampling=request.sampling,
+                limits=limits,
+                labels=labels,
+                agent_timeout_s=agent_s,
+                verifier_timeout_s=verifier_s,
+            )
+            for task in tasks
+            for harness, parsed in zip(request.harness_configs, options)
+            for _ in range(request.group_size)
+        ]
+
+    def _admit(self, trials: int) -> None:
+        if self.draining:
+            raise Refused(grpc.StatusCode.UNAVAILABLE, "server is draining")
+        if self._queued + trials > self.limits.max_queued + self.limits.capacity:
+            raise Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self._queued} trials already queued; at most {self.limits.max_queued} wait",
+            )
 
     async def Rollout(
         self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Trajectory]:
-        if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
-        if request.policy_version > self.host.policy_version:
-            # The weights the caller expects have not arrived; a newer policy is fine
-            # (each sequence records the version that sampled it; the trainer bounds lag).
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"engine serves policy version {self.host.policy_version}, request wants {request.policy_version}",
-            )
         try:
-            specs = self._trials(request)
-        except (ValueError, TaskError, HarnessConfigError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if self._queued + len(specs) > self.limits.max_queued + self.limits.capacity:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self._queued} trials already queued; at most {self.limits.max_queued} wait",
-            )
+            self._admit(0)
+            if request.policy_version > self.host.policy_version:
+                # The weights the caller expects have not arrived; a newer policy is fine
+                # (each sequence records the version that sampled it; the trainer bounds lag).
+                raise Refused(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"engine serves policy version {self.host.policy_version}, request wants {request.policy_version}",
+                )
+            specs = await self._specs(request)
+            self._admit(len(specs))  # again: the state may have moved while tasks loaded
+        except Refused as exc:
+            await context.abort(exc.code, str(exc))
+        except Exception as exc:
+            await _internal(context, "Rollout", exc)
         self._queued += len(specs)
         self._idle.clear()
-        pending = {asyncio.create_task(self._one(spec, request.request_id)): spec for spec in specs}
+        pending = [asyncio.create_task(self._one(spec, request.request_id)) for spec in specs]
+        self._trials.update(pending)
         try:
             for finished in asyncio.as_completed(pending):
                 yield await finished
@@ -134,6 +301,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                 task.cancel()
             # Let cancelled trials tear their sandboxes down before the call ends.
             await asyncio.gather(*pending, return_exceptions=True)
+            self._trials.difference_update(pending)
 
     async def _one(self, spec: TrialSpec, request_id: str) -> pb.Trajectory:
         started = False
@@ -146,6 +314,13 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                     trajectory = await run_trial(self.host, spec)
                 finally:
                     self._running -= 1
+        except asyncio.CancelledError:
+            if self._cancel_reason is None:
+                raise  # the caller went away: nobody reads this trial
+            trajectory = self._ended(spec, pb.TRIAL_STATUS_CANCELLED, self._cancel_reason)
+        except Exception as exc:  # a fault of this server's own: report the trial, keep the stream going
+            log.exception("trial %s failed inside the rollout service", spec.trial_id)
+            trajectory = self._ended(spec, pb.TRIAL_STATUS_ENV_FAILURE, f"rollout server fault: {exc!r}")
         finally:
             if not started:  # cancelled while still queued
                 self._queued -= 1
@@ -154,39 +329,52 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         trajectory.request_id = request_id
         return trajectory
 
+    @staticmethod
+    def _ended(spec: TrialSpec, status: int, error: str) -> pb.Trajectory:
+        """An ungraded trajectory for a trial that never produced its own."""
+        return pb.Trajectory(
+            task_id=spec.task.name, harness=spec.harness, sampling=spec.sampling, labels=spec.labels,
+            status=status, error=error,
+        )
+
     # ------------------------------------------------------------- Weights --
 
+    @_guarded
     async def UpdateWeights(
         self, request: pb.UpdateWeightsRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateWeightsResponse:
         if not request.location:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "location is empty")
+            raise _invalid("location is empty")
+        _check_len("location", request.location, MAX_LOCATION_CHARS)
         async with self._weights_lock:
             try:
                 directory = await asyncio.to_thread(resolve_location, request.location, self.weights_root)
             except WeightTransferError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return await self._load(request.version, directory, context, how="from its location")
+                raise _invalid(str(exc)) from None
+            return await self._load(request.version, directory, how="from its location")
 
+    @_guarded
     async def StreamWeights(
         self, request_iterator: AsyncIterator[pb.WeightChunk], context: grpc.aio.ServicerContext
     ) -> pb.UpdateWeightsResponse:
         async with self._weights_lock:
             try:
-                version, directory = await receive_stream(request_iterator, self.weights_root)
+                version, directory = await receive_stream(
+                    request_iterator, self.weights_root, idle_timeout_s=self.limits.weights_idle_timeout_s
+                )
+            except WeightStreamStalled as exc:
+                raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
             except WeightTransferError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return await self._load(version, directory, context, how="streamed")
+                raise _invalid(str(exc)) from None
+            return await self._load(version, directory, how="streamed")
 
-    async def _load(
-        self, version: int, directory: Path, context: grpc.aio.ServicerContext, *, how: str
-    ) -> pb.UpdateWeightsResponse:
+    async def _load(self, version: int, directory: Path, *, how: str) -> pb.UpdateWeightsResponse:
         """pause → reload → reset prefix cache → resume; new trials then carry `version`."""
         started = time.monotonic()
         try:
             await self.engine.update_weights(str(directory))
         except EngineError as exc:
-            await context.abort(grpc.StatusCode.INTERNAL, f"engine reload of {directory} failed: {exc}")
+            raise Refused(grpc.StatusCode.INTERNAL, f"engine reload of {directory} failed: {exc}") from None
         self.host.policy_version = version
         reload_s = time.monotonic() - started
         log.info("policy version %d loaded (%s) in %.2f s", version, how, reload_s)
@@ -194,6 +382,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
 
     # -------------------------------------------------------------- Status --
 
+    @_guarded
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.ServerStatus:
         return pb.ServerStatus(
             capacity=self.limits.capacity,
@@ -206,6 +395,8 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
             draining=self.draining,
         )
 
+    # --------------------------------------------------------------- Drain --
+
     async def drain(self, grace_s: float) -> bool:
         """Refuses new work and waits for in-flight trials; True when all finished in time."""
         self.draining = True
@@ -214,3 +405,15 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
             return True
         except TimeoutError:
             return False
+
+    async def cancel_trials(self, reason: str, wait_s: float = CANCEL_WAIT_S) -> bool:
+        """Cancels every trial; each streams out as a CANCELLED trajectory saying `reason`.
+        Waits up to `wait_s` for their teardown; True when all ended in time."""
+        self._cancel_reason = reason
+        trials = list(self._trials)
+        for task in trials:
+            task.cancel()
+        if not trials:
+            return True
+        _, still = await asyncio.wait(trials, timeout=wait_s)
+        return not still

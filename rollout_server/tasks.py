@@ -166,7 +166,31 @@ def _read_toml(task_dir: Path) -> TaskToml:
 
 def load_task(task_dir: Path | str) -> Task:
     """Load and validate one Harbor task directory."""
-    task_dir = Path(task_dir).resolve()
+    try:
+        return _load_task(Path(task_dir).resolve())
+    except TaskError:
+        raise
+    except (OSError, ValueError) as exc:
+        # An unreadable file (permissions, bad encoding, a loop of links, a NUL in the path) is the task's
+        # fault like any other, and named like the others.
+        raise TaskError(task_dir, ".", f"cannot read: {exc}") from None
+
+
+def confined_task_dir(location: str, roots: Iterable[Path]) -> Path:
+    """`location` with `..` and symlinks resolved; a TaskError unless it lies inside one of `roots`
+    (resolved paths), so a request cannot have the server read and run an arbitrary host directory."""
+    try:
+        resolved = Path(location).resolve()
+    except (OSError, ValueError) as exc:
+        raise TaskError(location, ".", f"not a usable path: {exc}") from None
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise TaskError(
+            location, ".", "outside the task roots this server loads from (configure them in tasks.location_roots)"
+        )
+    return resolved
+
+
+def _load_task(task_dir: Path) -> Task:
     if not task_dir.is_dir():
         raise TaskError(task_dir, ".", "not a directory")
     config = _read_toml(task_dir)

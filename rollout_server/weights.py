@@ -4,11 +4,14 @@ into a local HF directory the engine can reload from.
 Two ways in, matching the two RPCs:
 
 - `resolve_location(uri, cache_root)` for `UpdateWeights`: a local path or
-  `file://` URI is used in place; any other scheme (`gs://`, ...) is a
-  tensorstore kvstore prefix, downloaded once into `cache_root`.
+  `file://` URI is used in place; `gs://`, `s3://` and `memory://` are
+  tensorstore kvstore prefixes, downloaded once into `cache_root`; any other
+  scheme is refused (the server fetches nothing from arbitrary URLs).
 - `receive_stream(chunks, dest_root)` for `StreamWeights`: a header with the
   small files (config, tokenizer, the safetensors index) followed by tensor
-  chunks, assembled one safetensors file at a time.
+  chunks, assembled one safetensors file at a time. The tensors a stream
+  announces must fit the index's total size and the free disk space, and a
+  sender that goes quiet for `idle_timeout_s` is dropped.
 
 Both build the directory under a hidden temporary name and rename it into place
 only when it is complete, so the engine never sees a half-written version and a
@@ -21,10 +24,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import shutil
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path, PurePosixPath
+from typing import Any
+
 import ml_dtypes
 import numpy as np
 import tensorstore as ts
@@ -35,6 +41,9 @@ from protos.legorl.v1 import rollout_pb2 as pb
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_KEEP = 2
 _TMP_PREFIX = ".incoming-"
+# Kvstore schemes a location may name; tensorstore would also open http(s)://, which lists nothing and
+# would make the server fetch from any URL a caller names.
+REMOTE_SCHEMES = ("gs", "s3", "memory")
 
 # safetensors dtype names -> numpy dtypes; ml_dtypes supplies the ones numpy lacks.
 _DTYPES: dict[str, np.dtype] = {
@@ -65,6 +74,10 @@ _ACTIVE: set[Path] = set()
 
 class WeightTransferError(ValueError):
     """Weights could not be received or located: the message says what was wrong."""
+
+
+class WeightStreamStalled(WeightTransferError):
+    """The sender went quiet mid-stream for longer than the idle timeout."""
 
 
 def version_dir_name(version: int) -> str:
@@ -115,9 +128,12 @@ def _plain_name(name: str, what: str) -> str:
 
 
 class _Tensor:
-    def __init__(self, file: str, dtype: str, shape: tuple[int, ...]) -> None:
+    def __init__(self, name: str, file: str, dtype: str, shape: tuple[int, ...]) -> None:
         self.file, self.dtype, self.shape = file, dtype, shape
-        self.array = np.empty(shape, _DTYPES[dtype])
+        try:
+            self.array = np.empty(shape, _DTYPES[dtype])
+        except (MemoryError, OverflowError, ValueError) as exc:
+            raise WeightTransferError(f"tensor {name!r}: cannot hold {dtype}{list(shape)}: {exc}") from None
         self.received = 0
 
     @property
@@ -139,12 +155,16 @@ class _Assembly:
             raise WeightTransferError("header lacks config.json")
         if INDEX_FILE not in self.files:
             raise WeightTransferError(f"header lacks {INDEX_FILE} (the sender always sends the index)")
-        try:
-            index = json.loads(self.files[INDEX_FILE])
-            self.weight_map: dict[str, str] = dict(index["weight_map"])
-            self.total_size: int | None = index.get("metadata", {}).get("total_size")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise WeightTransferError(f"{INDEX_FILE} in the header is not a safetensors index: {exc}") from None
+        self.weight_map, self.total_size = _parse_index(self.files[INDEX_FILE])
+        # What the announced tensors may add up to: the index's own total, and never more than the disk holds.
+        free = shutil.disk_usage(tmp).free
+        if self.total_size is not None and self.total_size > free:
+            raise WeightTransferError(f"index says {self.total_size} bytes in total; only {free} bytes free on disk")
+        self.budget = free if self.total_size is None else self.total_size
+        self.budget_is = f"the {free} bytes free on disk" if self.total_size is None else (
+            f"the index's {self.total_size} bytes in total"
+        )
+        self.announced = 0
         if not self.weight_map:
             raise WeightTransferError(f"{INDEX_FILE} in the header lists no tensors")
         self.pending: dict[str, set[str]] = {}
@@ -168,7 +188,15 @@ class _Assembly:
         if tensor is None:
             if chunk.dtype not in _DTYPES:
                 raise WeightTransferError(f"tensor {name!r}: unknown safetensors dtype {chunk.dtype!r}")
-            tensor = self.tensors[name] = _Tensor(self.weight_map[name], chunk.dtype, shape)
+            # Sized in Python integers before anything is allocated: a shape can claim any number of bytes.
+            nbytes = math.prod(shape) * _DTYPES[chunk.dtype].itemsize
+            if self.announced + nbytes > self.budget:
+                raise WeightTransferError(
+                    f"tensor {name!r}: {chunk.dtype}{list(shape)} needs {nbytes} bytes; with the tensors before it "
+                    f"that exceeds {self.budget_is}"
+                )
+            tensor = self.tensors[name] = _Tensor(name, self.weight_map[name], chunk.dtype, shape)
+            self.announced += nbytes
         elif (chunk.dtype, shape) != (tensor.dtype, tensor.shape):
             said, earlier = f"{chunk.dtype}{list(shape)}", f"{tensor.dtype}{list(tensor.shape)}"
             raise WeightTransferError(f"tensor {name!r}: chunk says {said}, earlier chunks {earlier}")
@@ -206,22 +234,51 @@ class _Assembly:
             (self.tmp / name).write_bytes(data)
 
 
+def _parse_index(raw: bytes) -> tuple[dict[str, str], int | None]:
+    """The index's weight map (tensor -> file name) and its total size, if it states one."""
+    where = f"{INDEX_FILE} in the header"
+    try:
+        index: Any = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise WeightTransferError(f"{where} is not a safetensors index: not JSON: {exc}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise WeightTransferError(f"{where} is not a safetensors index: no weight_map of tensor names to file names")
+    metadata = index.get("metadata") or {}
+    total = metadata.get("total_size") if isinstance(metadata, dict) else None
+    if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 0):
+        raise WeightTransferError(f"{where}: metadata.total_size {total!r} is not a byte count")
+    return weight_map, total
+
+
 async def receive_stream(
-    chunks: AsyncIterable[pb.WeightChunk], dest_root: Path, *, keep: int = DEFAULT_KEEP
+    chunks: AsyncIterable[pb.WeightChunk],
+    dest_root: Path,
+    *,
+    keep: int = DEFAULT_KEEP,
+    idle_timeout_s: float | None = None,
 ) -> tuple[int, Path]:
     """Assembles a `StreamWeights` stream into `dest_root/v{version:08d}`;
     returns (version, directory). Raises WeightTransferError on a malformed
-    stream, leaving nothing under dest_root."""
+    stream, WeightStreamStalled when no message comes for `idle_timeout_s`;
+    either way nothing is left under dest_root."""
     dest_root = Path(dest_root)
     dest_root.mkdir(parents=True, exist_ok=True)
     stream: AsyncIterator[pb.WeightChunk] = aiter(chunks)
-    first = await anext(stream, None)
+
+    async def next_message() -> pb.WeightChunk | None:
+        try:
+            return await asyncio.wait_for(anext(stream, None), idle_timeout_s)
+        except TimeoutError:
+            raise WeightStreamStalled(f"the sender sent nothing for {idle_timeout_s:g} s; transfer abandoned") from None
+
+    first = await next_message()
     if first is None or first.WhichOneof("payload") != "header":
         raise WeightTransferError("a weight stream must start with a header message")
     tmp = _new_tmp(dest_root, version_dir_name(first.header.version))
     try:
         assembly = _Assembly(first.header, tmp)
-        async for message in stream:
+        while (message := await next_message()) is not None:
             if message.WhichOneof("payload") != "tensor":
                 raise WeightTransferError("only the first message of a weight stream may be a header")
             finished = assembly.add(message.tensor)
@@ -253,10 +310,26 @@ def resolve_location(
         raise WeightTransferError("weights location is empty")
     if uri.startswith("file://") or "://" not in uri:
         local = Path(uri.removeprefix("file://"))
-        if not (local / "config.json").is_file():
+        try:
+            found = (local / "config.json").is_file()
+        except (OSError, ValueError) as exc:  # a NUL byte, a path the server may not read
+            raise WeightTransferError(f"{uri}: not a usable path: {exc}") from None
+        if not found:
             raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
         return local
+    scheme = uri.split("://", 1)[0]
+    if scheme not in REMOTE_SCHEMES:
+        allowed = ", ".join(f"{s}://" for s in REMOTE_SCHEMES)
+        raise WeightTransferError(f"{uri}: scheme {scheme}:// is not supported; use a local path, file://, {allowed}")
     return _download(uri, Path(cache_root), keep, context)
+
+
+def _ts(uri: str, what: str, future: Any) -> Any:
+    """A tensorstore future's result; its failures (ValueError, NotImplementedError, ...) as WeightTransferError."""
+    try:
+        return future.result()
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise WeightTransferError(f"{uri}: cannot {what} with tensorstore: {exc}") from None
 
 
 def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None) -> Path:
@@ -266,10 +339,11 @@ def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None)
     name = f"{PurePosixPath(prefix).name}-{hashlib.sha256(prefix.encode()).hexdigest()[:12]}"
     final = cache_root / name
     try:
-        kv = ts.KvStore.open(prefix + "/", context=context).result()
-        keys = [key.decode() for key in kv.list().result()]
+        opened = ts.KvStore.open(prefix + "/", context=context)
     except ValueError as exc:
         raise WeightTransferError(f"{uri}: cannot open with tensorstore: {exc}") from None
+    kv = _ts(uri, "open", opened)
+    keys = [key.decode(errors="replace") for key in _ts(uri, "list", kv.list())]
     if "config.json" not in keys:
         raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -278,7 +352,7 @@ def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None)
         for key in keys:
             parts = [_plain_name(part, "remote file") for part in key.split("/")]
             target = tmp.joinpath(*parts)
-            result = kv.read(key).result()
+            result = _ts(uri, f"read {key}", kv.read(key))
             if result.state != "value":
                 raise WeightTransferError(f"{uri}: {key} vanished during the download")
             target.parent.mkdir(parents=True, exist_ok=True)

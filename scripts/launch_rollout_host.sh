@@ -2,7 +2,7 @@
 # One GPU rollout host: vLLM + `legorl rollout-server`, one pair per group of GPUs.
 #
 #   scripts/launch_rollout_host.sh --config configs/qwen3_8b_v5p.yaml [--model DIR|gs://...]
-#       [--instances N] [--base-port 50051] [--dry-run] [--set k=v ...]
+#       [--instances N] [--base-port 50051] [--dry-run] [--insecure-no-auth] [--set k=v ...]
 #
 # Each instance is one `legorl rollout-server` that launches and supervises its
 # own `vllm serve` (engine.kind=vllm): the server, not this script, owns the
@@ -18,7 +18,11 @@
 #   GPUs (taken from engine.extra_args), gRPC port base+i, vLLM port 8000+i;
 #   --instances defaults to all GPUs / tensor-parallel-size. List every
 #   host:port it prints in the learner's fleet.servers;
-# - nothing from a model hub: HF_HUB_OFFLINE=1.
+# - nothing from a model hub: HF_HUB_OFFLINE=1;
+# - the servers listen on every interface, so the config must name a bearer
+#   token (fleet.security.token_env or token_file, e.g. --set
+#   fleet.security.token_env=LEGORL_GRPC_TOKEN with that variable exported);
+#   --insecure-no-auth waives that, for a network nobody else can reach.
 #
 # SIGTERM/SIGINT is passed to every server, which drains its trials (up to
 # --drain-s, default 300 s) before stopping vLLM.
@@ -27,7 +31,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${LEGORL_PYTHON:-$ROOT/.venv/bin/python}"
 CONFIG="" MODEL="" INSTANCES="" BASE_PORT=50051 ENGINE_PORT=8000 DRAIN_S=300 DRY_RUN=0
-OVERRIDES=()
+OVERRIDES=() INSECURE=()
 
 die() { echo "launch_rollout_host: $*" >&2; exit 2; }
 
@@ -41,6 +45,7 @@ while (($#)); do
     --drain-s) DRAIN_S="${2:?--drain-s needs seconds}"; shift 2 ;;
     --set) OVERRIDES+=(--set "${2:?--set needs path=value}"); shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
+    --insecure-no-auth) INSECURE=(--insecure-no-auth); shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
@@ -53,7 +58,7 @@ for n in "$BASE_PORT" "$ENGINE_PORT" "$DRAIN_S" ${INSTANCES:+"$INSTANCES"}; do
 done
 
 # Model path and tensor-parallel size, as the validated config sees them.
-read -r CONFIG_MODEL TP SANDBOX < <(
+read -r CONFIG_MODEL TP SANDBOX TOKEN < <(
   "$PYTHON" - "$CONFIG" "${OVERRIDES[@]}" <<'EOF'
 import sys
 from legorl_jax.config import ConfigError, load_config
@@ -64,9 +69,14 @@ except ConfigError as exc:
     sys.exit(str(exc))
 extra = config.engine.extra_args
 tp = int(extra[extra.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in extra else 1
-print(config.model.path or "-", tp, config.sandbox.kind)
+security = config.fleet.security
+print(config.model.path or "-", tp, config.sandbox.kind, int(bool(security.token_env or security.token_file)))
 EOF
 ) || die "config $CONFIG does not load (see above)"
+if ((!TOKEN)) && ((${#INSECURE[@]} == 0)); then
+  die "the servers listen on 0.0.0.0: set fleet.security.token_env or fleet.security.token_file" \
+      "(e.g. --set fleet.security.token_env=LEGORL_GRPC_TOKEN), or pass --insecure-no-auth on a private network"
+fi
 MODEL="${MODEL:-$CONFIG_MODEL}"
 [[ "$MODEL" != "-" ]] || die "no model: pass --model or set model.path in the config"
 
@@ -106,7 +116,7 @@ trap stop_all TERM INT
 for ((i = 0; i < INSTANCES; i++)); do
   DEVICES=$(seq -s, $((i * TP)) $((i * TP + TP - 1)))
   CMD=("$PYTHON" -m legorl_jax.cli rollout-server --config "$CONFIG" --model "$MODEL"
-       --address "0.0.0.0:$((BASE_PORT + i))" --drain-s "$DRAIN_S" "${OVERRIDES[@]}"
+       --address "0.0.0.0:$((BASE_PORT + i))" --drain-s "$DRAIN_S" "${INSECURE[@]}" "${OVERRIDES[@]}"
        --set engine.kind=vllm --set "engine.port=$((ENGINE_PORT + i))")
   echo "instance $i: GPUs $DEVICES, gRPC $(hostname -f 2>/dev/null || hostname):$((BASE_PORT + i)), vLLM port $((ENGINE_PORT + i))"
   if ((DRY_RUN)); then

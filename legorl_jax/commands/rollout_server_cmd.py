@@ -9,18 +9,35 @@ import logging
 from legorl_jax.commands import add_config_arguments
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--address",
-        default="0.0.0.0:50051",
-        help="gRPC listen address (default: %(default)s); plaintext and open unless fleet.security sets "
-        "tls_cert/tls_key and token_env or token_file",
+        default="127.0.0.1:50051",
+        help="gRPC listen address (default: %(default)s, this host only). Any other address needs a bearer "
+        "token (fleet.security.token_env or token_file); add tls_cert/tls_key to encrypt the traffic",
+    )
+    parser.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="listen on a non-loopback --address without a bearer token: anyone who reaches the port can run "
+        "code in sandboxes and replace the weights. Only for a network nobody else can reach",
     )
     parser.add_argument(
         "--model", metavar="DIR", default=None, help="HF model directory the engine serves (default: model.path)"
     )
     parser.add_argument(
-        "--drain-s", type=float, default=300.0, help="on SIGTERM, seconds in-flight trials get to finish"
+        "--drain-s",
+        type=_seconds,
+        default=300.0,
+        help="on SIGTERM, seconds in-flight trials get to finish (default: %(default)s); then the rest are "
+        "cancelled and reported as CANCELLED, and the server exits within about a minute more",
     )
     add_config_arguments(parser)
 
@@ -34,5 +51,6 @@ def run(args: argparse.Namespace) -> int:
     if model_dir is None:
         raise ConfigError("no model: pass --model DIR or set model.path")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(RolloutServer(config, model_dir, address=args.address).serve_forever(args.drain_s))
+    server = RolloutServer(config, model_dir, address=args.address, insecure_no_auth=args.insecure_no_auth)
+    asyncio.run(server.serve_forever(args.drain_s))
     return 0

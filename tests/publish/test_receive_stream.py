@@ -15,7 +15,13 @@ from legorl_jax.models import CausalLM
 from legorl_jax.train.publish import DirectoryPublisher
 from legorl_jax.train.weight_stream import weight_chunks
 from protos.legorl.v1 import rollout_pb2 as pb
-from rollout_server.weights import INDEX_FILE, WeightTransferError, receive_stream, resolve_location
+from rollout_server.weights import (
+    INDEX_FILE,
+    WeightStreamStalled,
+    WeightTransferError,
+    receive_stream,
+    resolve_location,
+)
 
 Messages = list[pb.WeightChunk]
 
@@ -106,6 +112,31 @@ CORRUPTIONS: dict[str, tuple[Callable[[Messages], Messages], str]] = {
         lambda g: with_header(g, {INDEX_FILE: index_with(g, metadata={"total_size": 12345})}),
         "12345 bytes in total",
     ),
+    "index nested deeper than JSON parses": (
+        lambda g: with_header(g, {INDEX_FILE: b"[" * 100_000}), "not a safetensors index"
+    ),
+    "index maps a tensor to a number": (
+        lambda g: with_header(g, {INDEX_FILE: index_with(g, weight_map={"a": 3})}), "not a safetensors index"
+    ),
+    "total size not a byte count": (
+        lambda g: with_header(g, {INDEX_FILE: index_with(g, metadata={"total_size": "many"})}), "not a byte count"
+    ),
+    "total size beyond the disk": (
+        lambda g: with_header(g, {INDEX_FILE: index_with(g, metadata={"total_size": 2**70})}), "free on disk"
+    ),
+    # A shape is sized before anything is allocated: numpy would fail (or reserve terabytes) on these.
+    "tensor shape of 2^40 elements": (
+        lambda g: replaced(g, 1, edited(g[1], shape=[2**40])), "needs [0-9]+ bytes; .* exceeds the"
+    ),
+    "tensor shape of 2^40 elements, no total size in the index": (
+        lambda g: replaced(
+            with_header(g, {INDEX_FILE: index_with(g, metadata={})}), 1, edited(g[1], shape=[2**40])
+        ),
+        "needs [0-9]+ bytes; .* exceeds the",
+    ),
+    "tensor shape past 64 bits": (
+        lambda g: replaced(g, 1, edited(g[1], shape=[2**63, 2**63])), "needs [0-9]+ bytes; .* exceeds the"
+    ),
     "name not in index": (lambda g: replaced(g, 2, edited(g[2], name="model.sneaky")), "not in the header's index"),
     "unknown dtype": (lambda g: replaced(g, 1, edited(g[1], dtype="Q4")), "unknown safetensors dtype"),
     "too many bytes": (lambda g: replaced(g, -1, edited(g[-1], data=g[-1].tensor.data + bytes(4096))), "bytes sent"),
@@ -136,6 +167,20 @@ def test_sender_dying_mid_stream_writes_nothing(good: Messages, tmp_path: Path) 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sender_going_quiet_is_dropped_after_the_idle_timeout(good: Messages, tmp_path: Path) -> None:
+    async def stalls() -> AsyncIterator[pb.WeightChunk]:
+        for message in good[:3]:
+            yield message
+        await asyncio.Event().wait()  # a client that stopped sending but keeps the call open
+
+    async def main() -> None:
+        with pytest.raises(WeightStreamStalled, match="sent nothing for 0.2 s"):
+            await asyncio.wait_for(receive_stream(stalls(), tmp_path, idle_timeout_s=0.2), 10)
+
+    asyncio.run(main())
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_received_versions_are_pruned_to_keep(good: Messages, tmp_path: Path) -> None:
     for version in (1, 2, 3):
         header = header_with(good, {})
@@ -152,6 +197,10 @@ def test_resolve_local_locations(good: Messages, tmp_path: Path) -> None:
         resolve_location("", tmp_path / "cache")
     with pytest.raises(WeightTransferError, match="no config.json"):
         resolve_location(str(tmp_path), tmp_path / "cache")
-    with pytest.raises(WeightTransferError, match="cannot open with tensorstore"):
-        resolve_location("nosuchscheme://bucket/v00000001", tmp_path / "cache")
+    # Only the kvstore schemes a publisher writes: tensorstore opens http(s):// too, then fails to list it.
+    for location in ("nosuchscheme://bucket/v00000001", "http://127.0.0.1:1/w/v1", "https://example.com/w/v1"):
+        with pytest.raises(WeightTransferError, match="is not supported; use a local path"):
+            resolve_location(location, tmp_path / "cache")
+    with pytest.raises(WeightTransferError, match="nul.*byte"):
+        resolve_location("/tmp/nul\0byte", tmp_path / "cache")
     assert not (tmp_path / "cache").exists()

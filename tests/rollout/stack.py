@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -48,6 +49,8 @@ def server_config(**extra: Any) -> Config:
         "rl.sampling.max_tokens=24",
         "proxy.max_model_calls=3",
         "tasks.demo=true",
+        # Suites copy task variants under pytest's tmp_path, which lives in the system temp dir.
+        f"tasks.location_roots=[{tempfile.gettempdir()}]",
     ]
     return load_config(None, overrides + [f"{k}={v}" for k, v in extra.items()])
 

@@ -1,5 +1,6 @@
-"""Bearer token and TLS on a real `RolloutServer`'s gRPC endpoint, and the
-`Fleet` client configured to pass both.
+"""Bearer token and TLS on a real `RolloutServer`'s gRPC endpoint, the
+`Fleet` client configured to pass both, and the refusal to listen beyond
+loopback without a token.
 
 One embedded engine serves the module (a subprocess, so every test's server
 reaches it as an external engine); each test starts its own `RolloutServer`
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,13 +24,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from legorl_jax.cli import build_parser
 from legorl_jax.config import Config, ConfigError, EngineConfig, GrpcSecurityConfig, load_config
 from legorl_jax.fleet import Fleet, FleetError
 from legorl_jax.grpc_auth import ClientSecurity, client_security
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.launch import start_engine
-from rollout_server.server import RolloutServer
+from rollout_server.server import RolloutServer, is_loopback
 
 TOKEN_ENV = "LEGORL_TEST_ROLLOUT_TOKEN"
 TOKEN = "s3cret-token-for-tests"
@@ -227,3 +231,51 @@ def test_token_file_is_read_and_stripped(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text(f"  {TOKEN}\n")
     assert client_security(GrpcSecurityConfig(token_file=str(path))).metadata == bearer(TOKEN)
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        ("127.0.0.1:50051", True), ("127.8.9.10:1", True), ("localhost:0", True), ("[::1]:50051", True),
+        ("unix:/tmp/legorl.sock", True), ("0.0.0.0:50051", False), ("[::]:50051", False), (":50051", False),
+        ("10.0.0.5:50051", False), ("rollout-0.example.com:50051", False),
+    ],
+)
+def test_loopback_addresses(address: str, loopback: bool) -> None:
+    assert is_loopback(address) is loopback
+
+
+def test_a_non_loopback_bind_needs_a_token(
+    engine_url: str, model_dir: Path, token_env: str, tmp_path: Path
+) -> None:
+    # The default listens on this host only.
+    assert build_parser().parse_args(["rollout-server"]).address == "127.0.0.1:50051"
+    # Refused before the engine is even asked (engine.url points nowhere), naming the fields to set.
+    unreachable = "http://127.0.0.1:1"
+    for address in ("0.0.0.0:0", "[::]:0"):
+        with pytest.raises(ConfigError, match="fleet.security.token_env or fleet.security.token_file"):
+            asyncio.run(RolloutServer(server_config(unreachable), model_dir, address=address).start())
+    cli = subprocess.run(
+        [str(Path(sys.executable).with_name("legorl")), "rollout-server", "--model", str(model_dir),
+         "--address", "0.0.0.0:0", "--set", "engine.kind=external", "--set", f"engine.url={unreachable}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert cli.returncode == 2 and "refusing to listen on 0.0.0.0:0 without a bearer token" in cli.stderr, cli.stderr
+
+    async def serves(server: RolloutServer, client: ClientSecurity) -> None:
+        address = await server.start()
+        try:
+            port = address.rsplit(":", 1)[1]
+            assert (await get_status(f"127.0.0.1:{port}", client)).engine_healthy
+        finally:
+            await server.stop(grace_s=5)
+
+    # With a token it serves every interface; without one only when told, in so many words, to be insecure.
+    asyncio.run(serves(
+        RolloutServer(server_config(engine_url, token_env=token_env), model_dir, address="0.0.0.0:0"),
+        ClientSecurity(metadata=bearer(TOKEN)),
+    ))
+    asyncio.run(serves(
+        RolloutServer(server_config(engine_url), model_dir, address="0.0.0.0:0", insecure_no_auth=True),
+        ClientSecurity(),
+    ))

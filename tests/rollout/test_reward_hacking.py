@@ -1,9 +1,11 @@
 """Reward hacking, end to end over gRPC: a scripted engine makes the `lego`
 agent attack its own grading from inside a Docker sandbox, one attack per
-trial, all trials of one `Rollout` call running at once. Each task is the
-`edit-config` demo task (its no-op scores 0), so every attack must leave the
-reward at 0; an honest trial that runs the reference solution scores 1, which
-shows the same pipeline can grade a success.
+trial, all trials of one `Rollout` call running at once. The first test aims
+targeted attacks at the `edit-config` demo task (its no-op scores 0), so every
+attack must leave the reward at 0; an honest trial that runs the reference
+solution scores 1, which shows the same pipeline can grade a success. The
+second runs the generic hostile agent (tests/tasks/hostile_agent.py) on every
+hand-written demo task: each attack must end graded 0, never ungraded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import pytest
 
 from legorl_jax.train.demonstrations import solution_command
 from protos.legorl.v1 import rollout_pb2 as pb
-from rollout_server.tasks import DEMO_TASKS_DIR, load_task
+from rollout_server.sandbox.network import network_gateway
+from rollout_server.tasks import DEMO_TASKS_DIR, demo_tasks, load_task
+from tasks.hostile_agent import DONE
+from tasks.hostile_agent import attacks as generic_attacks
 
 from .stack import by_script, engine_on_host, observations
 from .stack import rollout, rollout_request, running_server, scripted_server_config, task_variant, trial_containers
@@ -95,7 +100,7 @@ def test_no_attack_changes_the_reward(
     tokenizer_dir: Path, tokenizer: Any, docker_client: docker.DockerClient, listener: CountingListener,
     tmp_path: Path,
 ) -> None:
-    bridge_gateway = docker_client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    bridge_gateway = network_gateway(docker_client.networks.get("bridge").attrs)
 
     async def main() -> tuple[dict[str, pb.Trajectory], dict[str, str]]:
         with engine_on_host(tokenizer) as (engine, _, engine_port):
@@ -131,3 +136,34 @@ def test_no_attack_changes_the_reward(
     assert "alive" in seen["linger"]
     assert trial_containers(docker_client) == []
 
+
+
+def test_generic_hostile_agent_earns_nothing_on_any_demo_task(
+    tokenizer_dir: Path, tokenizer: Any, docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    picked = ("exit-zero", "write-reward-as-root", "fifo", "dev-zero", "linger")
+    scripts = {
+        f"{task.name}-{attack}": script
+        for task in demo_tasks()
+        for attack, script in generic_attacks(task).items()
+        if attack in picked
+    }
+    bases = {name: task.name for task in demo_tasks() for name in scripts if name.startswith(f"{task.name}-")}
+
+    async def main() -> tuple[dict[str, pb.Trajectory], dict[str, str]]:
+        with engine_on_host(tokenizer) as (engine, _, engine_port):
+            config = scripted_server_config(f"http://127.0.0.1:{engine_port}", **{"fleet.capacity_per_server": 10})
+            async with running_server(config, tokenizer_dir) as server:
+                engine.respond = by_script(scripts)
+                variants = [task_variant(tmp_path, name, base=bases[name]) for name in scripts]
+                results = await asyncio.wait_for(rollout(server.address, rollout_request("generic", variants)), 240)
+            return results, {name: observations(engine, name) for name in scripts}
+
+    results, seen = asyncio.run(main())
+
+    assert sorted(results) == sorted(scripts)
+    for name, t in results.items():
+        assert DONE in seen[name], (name, seen[name][-600:])
+        assert t.status == pb.TRIAL_STATUS_OK, (name, t.error)
+        assert t.HasField("reward") and t.reward == 0.0, (name, t.error)
+    assert trial_containers(docker_client) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_server.tasks import DEMO_TASKS_DIR, TaskError, demo_tasks, load_task, load_tasks
+from rollout_server.tasks import DEMO_TASKS_DIR, TaskError, confined_task_dir, demo_tasks, load_task, load_tasks
 
 GOOD_TOML = """
 version = "1.0"
@@ -165,3 +165,29 @@ def test_empty_tree_and_bad_source_fail(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(TaskError, match="neither a task directory"):
         load_tasks([tmp_path / "notes.txt"])
+
+
+def test_unreadable_files_are_task_errors(tmp_path: Path) -> None:
+    """Bad bytes are the task's fault, reported like any other (a request naming such a location gets
+    INVALID_ARGUMENT, not a server fault)."""
+    task = make_task(tmp_path, "bad-text")
+    (task / "instruction.md").write_bytes(b"\xff\xfe not UTF-8")
+    with pytest.raises(TaskError, match=f"task {task}: .: cannot read: 'utf-8' codec"):
+        load_task(task)
+    with pytest.raises(TaskError, match="cannot read: embedded null byte"):
+        load_task(tmp_path / "nul\0byte")
+
+
+def test_locations_are_confined_to_the_roots(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    inside = make_task(root, "mine")
+    theirs = make_task(outside, "theirs")
+    (root / "link").symlink_to(theirs)
+    roots = [root.resolve()]
+    assert confined_task_dir(str(inside), roots) == inside.resolve()
+    assert confined_task_dir(f"{root}/x/../mine", roots) == inside.resolve()
+    for location in (str(theirs), f"{root}/../outside/theirs", str(root / "link"), "/etc", str(tmp_path)):
+        with pytest.raises(TaskError, match="outside the task roots .*tasks.location_roots"):
+            confined_task_dir(location, roots)
+    with pytest.raises(TaskError, match="not a usable path"):
+        confined_task_dir("/tmp/nul\0byte", roots)
