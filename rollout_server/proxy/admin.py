@@ -8,7 +8,6 @@ dialect's SDK or CLI takes as its base URL (OpenAI's ends in `/v1`).
 from __future__ import annotations
 
 import hmac
-import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rollout_server.proxy import jsonio
 from rollout_server.proxy.jsonio import FastJSONResponse
 from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import Session, SessionSpec
@@ -46,16 +46,19 @@ def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
     if not admin_token:
         return []
 
+    expected = admin_token.encode()
+
     def authorized(request: Request) -> bool:
+        # As bytes: `compare_digest` refuses non-ASCII text, and header values arrive as Latin-1 text.
         auth = request.headers.get("authorization", "")
-        return auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip(), admin_token)
+        return auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip().encode("latin-1"), expected)
 
     async def create(request: Request) -> Response:
         if not authorized(request):
             return _problem(401, "admin token required (Authorization: Bearer <token>)")
         try:
-            body = json.loads(await request.body() or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            body = jsonio.loads(await request.body() or b"{}")
+        except ValueError as exc:
             return _problem(400, f"request body is not valid JSON: {exc}")
         if not isinstance(body, dict):
             return _problem(400, "request body must be a JSON object")

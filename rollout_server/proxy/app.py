@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -61,8 +60,34 @@ async def _body(request: Request) -> Any:
     raw = await request.body()
     try:
         return jsonio.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise invalid(f"request body is not valid JSON: {exc}") from exc
+
+
+# Nesting that parsed but is too deep for what reads it (a schema walk, a JSON
+# dump): the harness's input, so a 400 rather than a proxy fault.
+_TOO_DEEP = "the request nests too deeply"
+
+
+class _SSEStream(StreamingResponse):
+    """Server-sent events that call `on_hang_up` when the harness leaves before the last one."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_hang_up: Callable[[], None]) -> None:
+        super().__init__(self._through(events), media_type="text/event-stream", headers=_SSE_HEADERS)
+        self._on_hang_up = on_hang_up
+        self._ended = False
+
+    async def _through(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for chunk in events:
+            yield chunk
+        self._ended = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self._ended:
+                self._on_hang_up()
 
 
 class ProxyApp:
@@ -92,6 +117,8 @@ class ProxyApp:
             prepared = self.core.prepare(session, chat, dialect.name, dialect.tool_id_prefix)
         except ProxyError as err:
             return self._error(dialect, err)
+        except RecursionError:
+            return self._error(dialect, invalid(_TOO_DEEP))
         except Exception as exc:  # a proxy bug still answers in the harness's dialect
             return self._error(dialect, _internal(exc))
         task = asyncio.create_task(self.core.execute(prepared))
@@ -100,7 +127,7 @@ class ProxyApp:
 
         def events(result: TurnResult) -> Iterator[bytes]:
             yield from dialect.stream(result, chat)
-            self.core.finish(prepared, result)
+            self.core.finish(prepared)
 
         def on_error(exc: BaseException) -> bytes:
             err = exc if isinstance(exc, ProxyError) else _internal(exc)
@@ -112,7 +139,7 @@ class ProxyApp:
             except Exception as exc:
                 return self._error(dialect, exc if isinstance(exc, ProxyError) else _internal(exc))
             body = dialect.response(result, chat)
-            self.core.finish(prepared, result)
+            self.core.finish(prepared)
             return FastJSONResponse(body)
         # Short engine failures still come back as plain HTTP errors; only a
         # call that outlasts one keep-alive interval opens the stream early.
@@ -120,8 +147,8 @@ class ProxyApp:
         if done and task.exception() is not None:
             exc = task.exception()
             return self._error(dialect, exc if isinstance(exc, ProxyError) else _internal(exc))
-        return StreamingResponse(sse.with_keepalive(task, self.keepalive_s, events, on_error),
-                                 media_type="text/event-stream", headers=_SSE_HEADERS)
+        return _SSEStream(sse.with_keepalive(task, self.keepalive_s, events, on_error),
+                          lambda: self.core.hang_up(prepared))
 
     async def count_tokens(self, request: Request, dialect: Dialect, params: dict[str, str]) -> Response:
         try:
@@ -130,6 +157,8 @@ class ProxyApp:
             count = self.core.count_tokens(session, chat)
         except ProxyError as err:
             return self._error(dialect, err)
+        except RecursionError:
+            return self._error(dialect, invalid(_TOO_DEEP))
         except Exception as exc:
             return self._error(dialect, _internal(exc))
         return FastJSONResponse({"totalTokens": count} if dialect is self.gemini else {"input_tokens": count})

@@ -35,8 +35,12 @@ def _no_constants(name: str) -> Any:
 
 def _loads(text: str) -> Any:
     """Standard JSON only: Python's NaN / Infinity would not survive the trip
-    back to the harness."""
-    return json.loads(text, parse_constant=_no_constants)
+    back to the harness. Nesting too deep to parse is no JSON here either: a
+    policy that emits it gets a parse error, and its turn is still captured."""
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def _tool_json(text: str, what: str) -> Any:

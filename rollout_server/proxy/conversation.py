@@ -89,7 +89,7 @@ def parse_arguments(raw: Any) -> dict[str, Any] | str:
     if isinstance(raw, str):
         try:
             value = json.loads(raw)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, an integer past the digit limit, nesting past the stack
             return raw
         return value if isinstance(value, dict) else raw
     return json.dumps(raw)

@@ -6,19 +6,25 @@ ids) and the answer, and parses the engine's reply; orjson does each in a
 third to a twentieth of `json`'s time (0.13 → 0.05 ms for the 64-turn body,
 0.11 → 0.006 ms for a 1,800-token prompt).
 
-`loads` answers exactly as `json.loads` does. Whatever orjson refuses goes
-to `json`, whose verdict is final: NaN/Infinity literals (an engine's
--Infinity logprob is caught by the finiteness checks downstream, not as a
-malformed body), lone surrogates, nesting past orjson's limit. orjson reads
-integers past 64 bits as floats without a word, which would change tool
-arguments that sampled turns are matched by: a body with a run of 19 or more
-digits anywhere (such an integer has one; so may a string, which only costs
-the slower path) goes to `json` too.
+`loads` answers as `json.loads` does on UTF-8, except that anything else
+no sender can mean is a `ValueError` too, never another exception: a lone
+surrogate (no Unicode character; the chat template's splice marks are
+made of them), nesting past Python's recursion limit, an integer past
+its digit limit. Whatever orjson refuses goes to `json`, whose verdict
+is final: NaN/Infinity literals (an engine's -Infinity logprob is caught
+by the finiteness checks downstream, not as a malformed body), lone
+surrogates, nesting past orjson's limit. orjson reads integers past 64
+bits as floats without a word, which would change tool arguments that
+sampled turns are matched by: a body with a run of 19 or more digits
+anywhere (such an integer has one; so may a string, which only costs the
+slower path) goes to `json` too.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from typing import Any
 
 import orjson
@@ -28,6 +34,9 @@ from starlette.responses import JSONResponse
 # every digit to "0" and searching for 19 of them: ~15x faster than a regex.
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19
+# How a lone surrogate gets into JSON text (valid UTF-8 cannot carry one); also
+# matches an escaped backslash before "ud800", which the check then clears.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def loads(raw: bytes) -> Any:
@@ -36,7 +45,20 @@ def loads(raw: bytes) -> Any:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:  # a subclass of json.JSONDecodeError: json's verdict is final
             pass
-    return json.loads(raw)
+    text = raw.decode()  # strict: `json` would let encoded surrogates through
+    try:
+        value = json.loads(text)
+        if _SURROGATE_ESCAPE.search(text):
+            json.dumps(value, ensure_ascii=False).encode()  # raises on a lone surrogate, key or value
+    except json.JSONDecodeError:
+        raise
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"a lone surrogate ({exc.object[exc.start:exc.end]!r}) is no Unicode character") from None
+    except ValueError:  # int() past its digit limit
+        raise ValueError(f"an integer has more than {sys.get_int_max_str_digits()} digits") from None
+    except RecursionError:
+        raise ValueError("it nests too deeply") from None
+    return value
 
 
 def dumps(value: Any) -> bytes:

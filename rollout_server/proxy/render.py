@@ -21,6 +21,15 @@ re-rendered from text (whose rendering may depend on later messages, as
 Qwen3's dropped `<think>` blocks do), always render in full. Both paths cut
 the same text at the same places, so they give the same ids.
 
+Content is never markup: the template gets every string of the request
+with the model's added tokens it spells (`<|im_end|>`, `<tool_call>`,
+`<think>`) replaced by placeholders, and the rendered text is encoded with
+only the template's own added tokens as tokens, the spelled ones as the
+text they are, so no file an agent prints can forge a turn boundary. The
+placeholders and the turn sentinels are built from surrogate code points,
+which no request carries (a body holding one is refused, and so is such a
+string here), so content can imitate neither.
+
 Once a call's turn is sampled, the memo moves on to it (its prompt + the
 sampled ids), where the template renders a conversation up to a turn's
 header as it rendered the prompt that turn was sampled for (checked at
@@ -30,18 +39,32 @@ added after it, the fewest messages there can be.
 
 from __future__ import annotations
 
+import re
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from jinja2 import TemplateError
 
 from rollout_server.proxy.conversation import AssistantOutput, ChatRequest, Message, ToolSpec
 from rollout_server.proxy.errors import ProxyError, invalid
 
-_SENTINEL = "\u2063legorl-sampled-turn-{}\u2063"
-_CACHE_ENTRIES = 4096
+# Surrogate code points: no request's text holds one (see the module's docstring).
+_TURN_MARK = "\udb00"  # around a sampled turn's message position
+_TOKEN_MARK = "\udb01"  # around the index of an added token that content spelled
+_SENTINEL = _TURN_MARK + "sampled-turn-{}" + _TURN_MARK
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_PLACEHOLDER = re.compile(_TOKEN_MARK + r"(\d+)" + _TOKEN_MARK)
+
+# The encode cache's budget, in estimated bytes held; a piece needing more
+# than 1/_CACHE_SHARE of it (a prompt bound to be refused as too long) is not kept.
+_CACHE_BYTES = 64 << 20
+_CACHE_SHARE = 8
+# What an id costs in a cached tuple: its slot, and its int object (ids above 256 are not shared).
+_ID_BYTES = 36
 
 
 def _probe_turn(i: int) -> dict[str, Any]:
@@ -115,8 +138,18 @@ class ChatTemplate:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
-        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._encode, self._decode = _codec(tokenizer)
+        self._cache = _EncodeCache(_CACHE_BYTES)
+        self._encode, self._encode_text, self._decode = _codec(tokenizer)
+        # Longest first, so a regex alternation matches as the tokenizer does (leftmost, then longest).
+        added = sorted(((t.content, i) for i, t in tokenizer.added_tokens_decoder.items()), key=lambda t: -len(t[0]))
+        self._added_ids = dict(added)
+        self._added_texts = [text for text, _ in added]
+        self._added_index = {text: k for k, text in enumerate(self._added_texts)}
+        alternation = "|".join(re.escape(text) for text in self._added_texts) or "(?!)"
+        self._added = re.compile(alternation)
+        # Whether an added token spelled in a JSON string reads the same in its JSON text (nothing to escape).
+        self._json_spells_as_text = all(orjson.dumps(text).decode()[1:-1] == text for text in self._added_texts)
+        self._check_added_tokens()
         base = [{"role": "user", "content": "x"}]
         with_prompt = self._apply(base, None, True, True)
         without = self._apply(base, None, False, True)
@@ -135,6 +168,18 @@ class ChatTemplate:
         # Whether a memo can be extended, and whether that render needs the tools, and the system message.
         self.incremental, self._suffix_without_tools, self._suffix_without_system = self._local_suffixes()
         self._prompts_extend = self.incremental and self._holds(self._prompt_prefixes_stay)
+
+    def _check_added_tokens(self) -> None:
+        """That the tokenizer matches added tokens in text as `_encode_spelled`
+        does (no token strips the spaces around it, say), and that its
+        text-only encode matches none."""
+        answered = [{**m, "content": "a"} if m["role"] == "assistant" else m for m in _PROBE]
+        full = self._apply(answered, _PROBE_TOOLS, True, True)
+        if self._encode_spelled(full) != self._encode(full):
+            raise ValueError("chat template: the tokenizer's added tokens are not matched as plain strings in text")
+        spelled = self._encode_text("".join(self._added_texts))
+        if any(i in spelled for i in self._added_ids.values()):
+            raise ValueError("tokenizer: added tokens are still matched when encoding text without them")
 
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                add_generation_prompt: bool, enable_thinking: bool) -> str:
@@ -203,17 +248,65 @@ class ChatTemplate:
         return True
 
     def encode(self, text: str) -> tuple[int, ...]:
-        """Tokenizes a text piece; the pieces recur on every call of a session
-        (system prompt, tool results), so they are cached."""
+        """Tokenizes a piece of rendered text (cached: the pieces recur on every
+        call of a session, system prompt and tool results)."""
         ids = self._cache.get(text)
         if ids is None:
-            ids = self._encode(text)
-            self._cache[text] = ids
-            if len(self._cache) > _CACHE_ENTRIES:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(text)
+            # A placeholder (a surrogate) never sits in a piece of mostly ASCII text: then this test costs nothing.
+            ids = self._encode_spelled(text) if _TOKEN_MARK in text else self._encode(text)
+            self._cache.put(text, ids)
         return ids
+
+    def _encode_spelled(self, text: str) -> tuple[int, ...]:
+        """Ids of rendered text with placeholders in it: the added tokens left
+        in it (the template's own) are tokens; the text between them, the
+        placeholders spelled out again, is encoded matching no added token."""
+        ids: list[int] = []
+        at = 0
+        for match in self._added.finditer(text):
+            ids += self._encode_text(self._respell(text[at:match.start()]))
+            ids.append(self._added_ids[match.group()])
+            at = match.end()
+        ids += self._encode_text(self._respell(text[at:]))
+        return tuple(ids)
+
+    def _respell(self, text: str) -> str:
+        return _PLACEHOLDER.sub(lambda m: self._added_texts[int(m.group(1))], text) if text else text
+
+    def _defuse(self, text: str) -> str:
+        """A string of the request as the template gets it: each added token it
+        spells replaced by a placeholder (encoded back as text). Two searches:
+        one pattern for both is 30x slower, as it loses the literal prefix scan."""
+        if not text.isascii() and (surrogate := _SURROGATE.search(text)) is not None:
+            raise invalid(f"the request holds a lone surrogate ({surrogate.group()!r}), which is no Unicode character")
+        return text if self._added.search(text) is None else self._added.sub(self._placeholder, text)
+
+    def _placeholder(self, match: re.Match[str]) -> str:
+        return f"{_TOKEN_MARK}{self._added_index[match.group()]}{_TOKEN_MARK}"
+
+    def _defused(self, value: Any) -> Any:
+        """`_defuse` on every string in a JSON value (tool arguments, schemas).
+        One search of its JSON text clears most values (20 tool schemas: 0.3 →
+        0.03 ms); orjson refuses those it cannot write exactly (a surrogate,
+        a big integer), which are walked."""
+        if isinstance(value, str):
+            return self._defuse(value)
+        if self._json_spells_as_text:
+            try:
+                if self._added.search(orjson.dumps(value).decode()) is None:
+                    return value
+            except TypeError:
+                pass
+        return self._walk(value)
+
+    def _walk(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._defuse(value)
+        if isinstance(value, dict):
+            return {self._defuse(k): self._walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._walk(v) for v in value]
+        return value
 
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
         return self._decode(list(ids))
@@ -280,17 +373,36 @@ class ChatTemplate:
     def _text(self, messages: list[Message], matched: dict[int, SampledTurn], tools: list[ToolSpec],
               enable_thinking: bool) -> str:
         hf_messages = [
-            {"role": "assistant", "content": _SENTINEL.format(i)} if i in matched else _hf_message(m)
+            {"role": "assistant", "content": _SENTINEL.format(i)} if i in matched else self._hf_message(m)
             for i, m in enumerate(messages)
         ]
         hf_tools = [
-            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+            {"type": "function", "function": {"name": self._defuse(t.name), "description": self._defuse(t.description),
+                                              "parameters": self._defused(t.parameters)}}
             for t in tools
         ] or None
         try:
             return self._apply(hf_messages, hf_tools, True, enable_thinking)
         except (TemplateError, ValueError, TypeError) as exc:
             raise invalid(f"the conversation cannot be rendered with the model's chat template: {exc}") from exc
+
+    def _hf_message(self, message: Message) -> dict[str, Any]:
+        defuse = self._defuse
+        out: dict[str, Any] = {"role": message.role, "content": defuse(message.content)}
+        if message.role == "assistant":
+            if message.reasoning:
+                out["reasoning_content"] = defuse(message.reasoning)
+            if message.tool_calls:
+                out["tool_calls"] = [
+                    {"id": defuse(c.id), "type": "function",
+                     "function": {"name": defuse(c.name), "arguments": self._defused(c.arguments)}}
+                    for c in message.tool_calls
+                ]
+        elif message.role == "tool":
+            out["tool_call_id"] = defuse(message.tool_call_id or "")
+            if message.name:
+                out["name"] = defuse(message.name)
+        return out
 
     def _splice(self, text: str, positions: list[int], matched: dict[int, SampledTurn], cursor: int,
                 ids: list[int], spans: list[tuple[int, SampledTurn]], shift: int = 0) -> _Spliced:
@@ -317,23 +429,67 @@ class ChatTemplate:
         return _Spliced(ids + gen_tail, gen_tail, spans, stable)
 
 
-def _codec(tokenizer: Any) -> tuple[Callable[[str], tuple[int, ...]], Callable[[list[int]], str]]:
+_Encode = Callable[[str], tuple[int, ...]]
+
+
+def _codec(tokenizer: Any) -> tuple[_Encode, _Encode, Callable[[list[int]], str]]:
     """Encode and decode as `tokenizer.encode(text, add_special_tokens=False)`
     and `tokenizer.decode(ids)` do, straight on the Rust tokenizer: the
     wrappers cost as much again on a short piece, and the fast encode skips
     the character offsets nobody reads here (0.12 → 0.08 ms for a
     300-character tool result). Decode clean-up stays transformers' work.
+    The second encode matches no added token: a tokenizer over the same
+    model, normalizer and pre-tokenizer (shared, not copied) without them.
     (A tokenizer that splits special tokens as text never gets here: its turn
     end is no special token.)"""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # a tokenizer without a Rust one (sentencepiece, tiktoken)
         return (lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)),
+                lambda text: tuple(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)),
                 lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
+    from tokenizers import Tokenizer
+
+    text_only = Tokenizer(backend.model)
+    text_only.normalizer, text_only.pre_tokenizer = backend.normalizer, backend.pre_tokenizer
     if getattr(tokenizer, "clean_up_tokenization_spaces", False):
         decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
     else:
         decode = lambda ids: backend.decode(ids, skip_special_tokens=False)  # noqa: E731
-    return lambda text: tuple(backend.encode_batch_fast([text], add_special_tokens=False)[0].ids), decode
+    return (lambda text: tuple(backend.encode_batch_fast([text], add_special_tokens=False)[0].ids),
+            lambda text: tuple(text_only.encode_batch_fast([text], add_special_tokens=False)[0].ids), decode)
+
+
+class _EncodeCache:
+    """Text pieces' ids, the least recently used dropped first once the bytes
+    held (an estimate) pass the budget; a piece too big for its share of the
+    budget is not kept at all."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.size = 0  # estimated bytes held
+        self._entries: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, text: str) -> tuple[int, ...] | None:
+        ids = self._entries.get(text)
+        if ids is not None:
+            self._entries.move_to_end(text)
+        return ids
+
+    def put(self, text: str, ids: tuple[int, ...]) -> None:
+        cost = _cost(text, ids)
+        if cost > self.budget // _CACHE_SHARE:
+            return
+        self._entries[text] = ids
+        self.size += cost
+        while self.size > self.budget:
+            self.size -= _cost(*self._entries.popitem(last=False))
+
+
+def _cost(text: str, ids: tuple[int, ...]) -> int:
+    return sys.getsizeof(text) + _ID_BYTES * len(ids)
 
 
 def _remember(memo: PrefixMemo, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool,
@@ -349,21 +505,3 @@ def _remember(memo: PrefixMemo, request: ChatRequest, matched: dict[int, Sampled
     memo.turns = {i: t.index for i, t in matched.items()}
     memo.spans = tuple(spliced.spans)
     memo.ids = tuple(spliced.ids[:spliced.stable])
-
-
-def _hf_message(message: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.role == "assistant":
-        if message.reasoning:
-            out["reasoning_content"] = message.reasoning
-        if message.tool_calls:
-            out["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.name, "arguments": c.arguments}}
-                for c in message.tool_calls
-            ]
-    elif message.role == "tool":
-        out["tool_call_id"] = message.tool_call_id or ""
-        if message.name:
-            out["name"] = message.name
-    return out

@@ -32,6 +32,8 @@ class PreparedCall:
     started: float
     matched: dict[int, SampledTurn]  # what `prompt` was rendered with
     enable_thinking: bool
+    hung_up: bool = False  # the harness left before the answer's last event
+    record: CallRecord | None = None  # once the engine answered
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ class ProxyCore:
                                        call.prompt, turn)
         index = len(session.trajectory.calls)
         seq.calls.append(index)
-        session.trajectory.calls.append(CallRecord(
+        call.record = CallRecord(
             index=index, dialect=call.dialect, stream=call.request.stream, sequence=seq.index,
             merged=merged,
             prompt_tokens=len(call.prompt.ids), completion_tokens=len(ids),
@@ -135,7 +137,9 @@ class ProxyCore:
             unmatched_turns=call.prompt.unmatched_turns, sampling=sampling.record(),
             policy_version=version, engine_latency_s=engine_latency,
             incremental_render=call.prompt.incremental, recomputed_tokens=0 if merged else len(retrained[0]),
-        ))
+            latency_s=time.perf_counter() - call.started, client_disconnected=call.hung_up,
+        )
+        session.trajectory.calls.append(call.record)
         return TurnResult(output, completion.finish_reason, len(call.prompt.ids), len(ids), index)
 
     @staticmethod
@@ -146,9 +150,19 @@ class ProxyCore:
         return (session.spec.recompute_logprobs and bool(prompt.reused_spans)
                 and session.trajectory.extendable(prompt.ids) is None)
 
-    def finish(self, call: PreparedCall, result: TurnResult) -> None:
+    def finish(self, call: PreparedCall) -> None:
         """Stamps the end-to-end latency once the answer is rendered."""
-        call.session.trajectory.calls[result.call_index].latency_s = time.perf_counter() - call.started
+        assert call.record is not None, "called once `execute` made the record"
+        call.record.latency_s = time.perf_counter() - call.started
+
+    def hang_up(self, call: PreparedCall) -> None:
+        """The harness hung up before the answer's last event: its record says
+        so, with the latency up to now (or, while the engine still works, up to
+        when it answers: the call goes on to be captured)."""
+        call.hung_up = True
+        if call.record is not None:
+            call.record.client_disconnected = True
+            self.finish(call)
 
 
 def _reused_sampled(prompt: Prompt, logprobs: tuple[float | None, ...] | None) -> tuple[list[int], list[float]]:

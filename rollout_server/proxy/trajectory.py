@@ -69,7 +69,8 @@ class CallRecord:
     engine_latency_s: float
     incremental_render: bool = False  # the prompt was rendered from the session's memo of the last one
     recomputed_tokens: int = 0  # reused sampled tokens trained again with recomputed (prompt) logprobs
-    latency_s: float = 0.0  # filled in once the answer is rendered
+    latency_s: float = 0.0  # until the engine answered, then until the answer was sent or the harness hung up
+    client_disconnected: bool = False  # the harness hung up on the stream before its last event
 
 
 @dataclass

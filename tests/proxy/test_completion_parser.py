@@ -78,3 +78,11 @@ def test_non_standard_json_constants_are_parse_errors() -> None:
     assert out.tool_calls == () and "NaN is not JSON" in (out.parse_error or "")
     xml = "<tool_call>\n<function=edit>\n<parameter=line>\nInfinity\n</parameter>\n</function>\n</tool_call>"
     assert parse_completion(xml, "qwen3_coder", TOOLS, ids()).tool_calls[0].arguments == {"line": "Infinity"}
+
+
+def test_tool_call_nested_too_deeply_is_a_parse_error() -> None:
+    """A policy that emits JSON nested past the parser's stack gets a parse
+    error (its turn still captured), not a failed call."""
+    for block in ("[" * 5_000 + "]" * 5_000, '{"name": "f", "arguments": "' + "[" * 5_000 + "]" * 5_000 + '"}'):
+        out = parse_completion(f"<tool_call>\n{block}\n</tool_call>", "hermes", [], lambda: "c")
+        assert out.tool_calls == () and out.parse_error is not None and "deep" in out.parse_error

@@ -111,9 +111,8 @@ def _tools(raw: Any) -> list[ToolSpec]:
 
 
 def _thinking(raw: Any) -> bool | None:
-    if not isinstance(raw, dict):
-        return None
-    return {"enabled": True, "adaptive": True, "disabled": False}.get(raw.get("type"))
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    return {"enabled": True, "adaptive": True, "disabled": False}.get(kind) if isinstance(kind, str) else None
 
 
 def _content(result: TurnResult) -> list[dict[str, Any]]:

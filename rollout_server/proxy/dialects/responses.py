@@ -38,8 +38,9 @@ def _decode_reasoning(item: dict[str, Any]) -> str | None:
             return base64.b64decode(blob, validate=True).decode()
         except ValueError:  # another provider's blob (binascii.Error, non-ASCII, not UTF-8): use the summary
             pass
-    summary = item.get("summary") or []
-    texts = [s.get("text", "") for s in summary if isinstance(s, dict) and isinstance(s.get("text"), str)]
+    summary = item.get("summary")
+    parts = summary if isinstance(summary, list) else []  # anything else carries no text
+    texts = [s["text"] for s in parts if isinstance(s, dict) and isinstance(s.get("text"), str)]
     return "".join(texts) or None
 
 
