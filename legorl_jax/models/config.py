@@ -4,7 +4,7 @@ One frozen (hashable, so usable as a jit static argument) dataclass covers the
 Qwen3 family: Qwen3 dense, Qwen3-MoE, Qwen2/2.5 and Llama 3. Anything the JAX
 model would silently compute differently from the serving model is rejected
 with an error naming the config field, because architecture drift does not
-crash: it only makes the model dumber (PITFALLS #9).
+crash: it only makes the model dumber.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ every-K steps). Multi-host: every process calls `save` with the same step —
 each writes the shards its devices hold and Orbax's primary process writes the
 metadata — while the one decision that is not a pure function of the step (a
 forced save, e.g. on pre-emption) is taken by process 0 and broadcast, so no
-process waits on a save the others skipped (PITFALLS #13).
+process waits forever on a save the others skipped.
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@ a supervised process behind the shared `EngineClient`.
 
 Flags and why:
 - `--logprobs-mode processed_logprobs`: logprobs after temperature (and
-  top-k/top-p), the distribution tokens were sampled from (PITFALLS #7).
+  top-k/top-p), the distribution tokens were sampled from: raw logprobs would
+  make the importance ratio wrong whenever the temperature is not 1.
 - `--return-tokens-as-token-ids`: logprob tokens read `token_id:<n>`, so ids
-  survive even where `token_ids` is missing (PITFALLS #1).
+  survive even where `token_ids` is missing: re-tokenizing text never gives
+  back the sampled ids.
 - `--generation-config vllm`: the checkpoint's generation_config.json must not
   silently change sampling defaults (top-p / top-k bias the IS ratio).
 - `VLLM_SERVER_DEV_MODE=1`: serves /pause, /resume, /collective_rpc and

@@ -4,7 +4,7 @@ Formats: `hermes` (Qwen3, Hermes: `<tool_call>{"name": .., "arguments": {..}}</t
 and `qwen3_coder` (`<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>`).
 A malformed tool call is the policy's mistake, not the environment's: the
 whole text goes back as plain content and `parse_error` says what was wrong,
-so the trajectory still trains (PITFALLS 6).
+so the trajectory still trains on it.
 """
 
 from __future__ import annotations

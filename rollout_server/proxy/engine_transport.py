@@ -1,7 +1,7 @@
 """The proxy's engine hop on the wire: keep-alive HTTP/1.1 POSTs to one engine.
 
 Every model call crosses this hop, so its CPU is latency the proxy adds
-(PITFALLS: the proxy must stay in the noise of a model call). A general
+(it must stay in the noise of a model call). A general
 client pays for features this hop never uses (redirects, cookies, proxies,
 decompression, multipart, per-request URL and header objects): aiohttp's
 client cost the proxy ~0.2 ms more of its ~1.1 ms CPU per call than this

@@ -6,8 +6,8 @@ The text is then cut at those turns: the text between them is tokenized, and
 each matched turn's region (after the assistant header, up to and including
 the turn-end token) is replaced by the stored ids. Re-rendering earlier turns
 never reproduces them (Qwen3 drops earlier `<think>` blocks, harnesses
-re-serialise arguments), and re-tokenized text is never trained on (PITFALLS
-1, 3); this way an append-only conversation yields a prompt that extends the
+re-serialise arguments), and re-tokenized text is not what was sampled, so it
+is never trained on; this way an append-only conversation yields a prompt that extends the
 previous prompt + completion token for token.
 
 Rendering the whole conversation on every call costs time linear in its

@@ -89,7 +89,7 @@ class ProxyCore:
 
     async def execute(self, call: PreparedCall) -> TurnResult:
         """The engine call and its record. Runs to the end even when the
-        harness hangs up mid-stream, so capture never stops (PITFALLS 5)."""
+        harness hangs up mid-stream, so the sampled turn is still captured."""
         session = call.session
         sampling = call.sampling
         if self._recompute(session, call.prompt):
