@@ -183,6 +183,12 @@ class SandboxConfig(Strict):
         description="With kind auto, run trials in the local sandbox when no Docker daemon answers. It is not "
         "isolated (an agent may reach the host's files and, without bubblewrap, its network): demos only.",
     )
+    unenforceable_storage: Literal["refuse", "ignore"] = Field(
+        "refuse",
+        description="A task sets environment.storage_mb but the Docker daemon cannot cap a container's disk (only "
+        "overlay2 on xfs with pquota, btrfs and zfs can): refuse its trials (env_failure naming why), or run them "
+        "without a disk limit after one warning.",
+    )
     cpus: float = Field(1.0, gt=0)
     memory_mb: int = Field(2048, gt=0)
     pids_limit: int = Field(512, gt=0)

@@ -131,6 +131,7 @@ class RolloutServer:
         self._factory = await asyncio.to_thread(
             SandboxFactory, cfg.sandbox.kind, cfg.sandbox.network, proxy_port=proxy_port,
             allow_local_fallback=cfg.sandbox.allow_local_fallback,
+            unenforceable_storage=cfg.sandbox.unenforceable_storage,
         )
         sockets = [loopback]
         if self._factory.network is not None:

@@ -109,7 +109,9 @@ class SandboxFactory:
         proxy_port: int | None = None,
         reap_interval_s: float = 30.0,
         allow_local_fallback: bool = False,
+        unenforceable_storage: Literal["refuse", "ignore"] = "refuse",
     ) -> None:
+        self._unenforceable_storage: Literal["refuse", "ignore"] = unenforceable_storage
         client = docker_client_or_none() if kind in ("auto", "docker") else None
         if kind == "docker" and client is None:
             raise SandboxError("sandbox.kind is docker but no Docker daemon answers")
@@ -152,7 +154,7 @@ class SandboxFactory:
     def create(self, spec: SandboxSpec) -> Sandbox:
         """An unstarted sandbox for one trial; the caller starts and always stops it."""
         if self._client is not None:
-            return DockerSandbox(spec, self._client, self._network)
+            return DockerSandbox(spec, self._client, self._network, unenforceable_storage=self._unenforceable_storage)
         if self._network_mode == "proxy_only" and self._proxy_port is not None:
             return LocalSandbox(spec, network="proxy_only", proxy_port=self._proxy_port)
         return LocalSandbox(spec, network="none")

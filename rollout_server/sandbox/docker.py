@@ -11,6 +11,7 @@ other process is ended before verification.
 from __future__ import annotations
 
 import io
+import logging
 import posixpath
 import shutil
 import tarfile
@@ -19,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
+from typing import Literal
 
 import docker
 import docker.errors
@@ -29,6 +31,8 @@ from rollout_server.sandbox import reaper
 from rollout_server.sandbox.base import ROOT_USER, ExecResult, SandboxError, SandboxSpec, ToolMount, as_argv
 from rollout_server.sandbox.images import ensure_task_image
 from rollout_server.sandbox.network import ProxyNetwork
+
+log = logging.getLogger(__name__)
 
 # `wait` in sh reaps any child, including orphans re-parented to PID 1; signals from
 # inside the container cannot kill PID 1, so the loop only ends at the deadline.
@@ -43,6 +47,8 @@ _HOST_GRACE_S = 5.0
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Per daemon ID: None when container disk limits work, else why they do not.
 _storage_support: dict[str, str | None] = {}
+# Refusals already warned about under `unenforceable_storage: ignore`: one warning per daemon, not per trial.
+_warned: set[str] = set()
 
 
 def _tar(host_path: Path, arcname: str) -> bytes:
@@ -100,8 +106,11 @@ class DockerSandbox:
         spec: SandboxSpec,
         client: docker.DockerClient,
         network: ProxyNetwork | None,
+        *,
+        unenforceable_storage: Literal["refuse", "ignore"] = "refuse",
     ) -> None:
         self.spec = spec
+        self._unenforceable_storage = unenforceable_storage
         self._client = client
         self._network = network
         self._container: Container | None = None
@@ -137,13 +146,19 @@ class DockerSandbox:
             storage_opt = None
             if self.spec.storage_mb is not None:
                 refusal = _storage_size_support(self._client, image_id)
-                if refusal is not None:
+                if refusal is None:
+                    storage_opt = {"size": f"{self.spec.storage_mb}M"}
+                elif self._unenforceable_storage == "refuse":
                     # Unenforced, the limit would be a promise an agent can break (and fill the host's disk).
                     raise SandboxError(
                         f"the task sets environment.storage_mb = {self.spec.storage_mb}, but this Docker daemon "
-                        f"cannot enforce it: {refusal}"
+                        f"cannot enforce it: {refusal}; set sandbox.unenforceable_storage: ignore to run such "
+                        "tasks without a disk limit"
                     )
-                storage_opt = {"size": f"{self.spec.storage_mb}M"}
+                elif refusal not in _warned:
+                    _warned.add(refusal)
+                    log.warning("running tasks with storage_mb WITHOUT a disk limit "
+                                "(sandbox.unenforceable_storage: ignore): this Docker daemon %s", refusal)
             self._deadline = time.time() + self.spec.wall_clock_s
             self._container = self._client.containers.run(
                 image_id,

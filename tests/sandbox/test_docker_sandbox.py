@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -165,3 +166,17 @@ def test_storage_limit_is_enforced_or_refused(make_box: MakeBox, docker_client: 
     assert "No space left on device" in result.stdout, result
     assert int(result.stdout.split()[-2]) <= 20
     assert box.exec("rm /app/big && echo ok > /app/small && cat /app/small", timeout=10).stdout == "ok\n"
+
+
+def test_unenforceable_storage_runs_unlimited_only_by_choice(
+    docker_client: docker.DockerClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = SandboxSpec(trial_id=f"t-{uuid.uuid4().hex[:8]}", environment_dir=None, docker_image=BASE_IMAGE, storage_mb=20)
+    box = DockerSandbox(spec, docker_client, None, unenforceable_storage="ignore")
+    try:
+        box.start()
+        assert box.exec("echo ok", timeout=10).stdout == "ok\n"
+    finally:
+        box.stop()
+    if _storage_size_support(docker_client, BASE_IMAGE) is not None:
+        assert "WITHOUT a disk limit" in caplog.text
