@@ -1,8 +1,9 @@
 """Shared test plumbing.
 
-Tests marked `docker` or `npm` need a real Docker engine or Node.js harness
-CLIs. Locally they skip with a reason when those are missing; with CI=true
-they fail instead, so a CI run can never pass by skipping them.
+Tests marked `docker`, `npm` or `browser` need a real Docker engine, Node.js
+harness CLIs, or Chromium with chromedriver. Locally they skip with a reason
+when those are missing; with CI=true they fail instead, so a CI run can never
+pass by skipping them.
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-_CHECKS = {"docker": _docker_available, "npm": _npm_available}
+def _browser_available() -> str | None:
+    missing = [tool for tool in ("chromium", "chromedriver") if shutil.which(tool) is None]
+    return f"{' and '.join(missing)} not found (./scripts/setup installs them as root)" if missing else None
+
+
+_CHECKS = {"docker": _docker_available, "npm": _npm_available, "browser": _browser_available}
 _cache: dict[str, str | None] = {}
 
 

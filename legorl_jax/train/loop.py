@@ -287,7 +287,7 @@ class Trainer:
                 # Decoding every sampled span takes a while at scale: off the loop, where the next batch's
                 # rollouts (lag > 0) are being collected.
                 trajectories = [t for g in batch.groups for t in g.trajectories]
-                await asyncio.to_thread(self.rollouts.write, self.step, "train", trajectories)
+                await asyncio.to_thread(self.rollouts.write, self.step, "train", trajectories, assembled.sequences)
                 runlog.show(record, progress.write)
                 progress.update(1)
                 progress.set_postfix(reward=f"{record.get('reward/mean', 0.0):.3f}")

@@ -1,23 +1,34 @@
 """`rollouts.jsonl`: every trajectory a run sampled, readable.
 
 One JSON object per trajectory (step, kind, task, harness configuration,
-status, reward, and the text of what the policy sampled, span by span), so a
-curve that does not move can be explained by reading what the agent did. The
-token ids themselves are in the checkpoints' inputs only transiently; this is
-the record a person reads. Cut back to the restored step on resume, like the
-metrics file.
+status, reward, the verifier's error, and the text of what the policy
+sampled, span by span), so a curve that does not move can be explained by
+reading what the agent did. Each record also carries its token sequences for
+`legorl view`: token ids with each token's text, the sampled spans, the
+behaviour logprob of every sampled token and the advantage the sequence was
+trained on. Cut back to the restored step on resume, like the metrics file.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from legorl_jax.train.run_log import cut_back
 from protos.legorl.v1 import rollout_pb2 as pb
 
 ROLLOUTS_FILE = "rollouts.jsonl"
+# A byte-level BPE token can end mid-character; a UTF-8 character is at most 4 bytes.
+_MAX_SPLIT_TOKENS = 4
+
+
+class Trained(Protocol):
+    """What the log needs of a learner sequence (`rl.batching.TrainSequence`)."""
+
+    token_ids: Any
+    advantage: float
 
 
 def sampled_spans(token_ids: list[int], loss_mask: list[int]) -> list[list[int]]:
@@ -33,32 +44,129 @@ def sampled_spans(token_ids: list[int], loss_mask: list[int]) -> list[list[int]]
     return spans
 
 
+def span_bounds(loss_mask: list[int]) -> list[list[int]]:
+    """[start, end) of each run of sampled tokens: the mask, run-length coded."""
+    bounds: list[list[int]] = []
+    for i, bit in enumerate(loss_mask):
+        if bit and (i == 0 or not loss_mask[i - 1]):
+            bounds.append([i, i + 1])
+        elif bit:
+            bounds[-1][1] = i + 1
+    return bounds
+
+
+def token_pieces(decode: Callable[[list[int]], str], token_ids: list[int], cache: dict[int, str]) -> list[str]:
+    """Each token's text; the pieces join to the decoded sequence (byte-level BPE, as Qwen3's).
+
+    A token that ends inside a multi-byte character gets "" and the character
+    goes to the token that completes it, so no piece shows a replacement mark.
+    A token's own text never changes, so `cache` keeps it: one decode per
+    vocabulary entry instead of one per token logged.
+    """
+    pieces: list[str] = []
+    pending: list[int] = []
+    for token in token_ids:
+        piece = cache.get(token)
+        if piece is None:
+            piece = cache[token] = decode([token])
+        if not pending and "\ufffd" not in piece:
+            pieces.append(piece)
+            continue
+        pending.append(token)
+        text = decode(pending)
+        if text.endswith("\ufffd") and len(pending) < _MAX_SPLIT_TOKENS:
+            pieces.append("")
+            continue
+        pieces.append(text)
+        pending = []
+    if pending:
+        pieces[-1] = decode(pending)
+    return pieces
+
+
+def trained_advantages(trajectories: Sequence[pb.Trajectory], trained: Sequence[Trained]) -> list[list[float | None]]:
+    """The advantage each trajectory's sequences were trained on (None: not trained).
+
+    The learner's sequences keep the trajectories' order and drop whole
+    trajectories or single sequences, so one in-order walk matching token ids
+    pairs them up.
+    """
+    out: list[list[float | None]] = []
+    i = 0
+    for trajectory in trajectories:
+        row: list[float | None] = []
+        for seq in trajectory.sequences:
+            if i < len(trained) and list(trained[i].token_ids) == list(seq.token_ids):
+                row.append(float(trained[i].advantage))
+                i += 1
+            else:
+                row.append(None)
+        out.append(row)
+    return out
+
+
 class RolloutLog:
     def __init__(self, run_dir: Path, tokenizer_dir: Path, *, resume_step: int) -> None:
         from transformers import AutoTokenizer  # deferred: seconds to import
 
         self.path = Path(run_dir) / ROLLOUTS_FILE
         self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self._pieces: dict[int, str] = {}
         cut_back(self.path, resume_step)
 
-    def record(self, step: int, kind: str, trajectory: pb.Trajectory) -> dict[str, Any]:
+    def _sequence(self, seq: pb.TokenSequence, advantage: float | None) -> dict[str, Any]:
+        ids, mask = list(seq.token_ids), list(seq.loss_mask)
+        # Only sampled tokens have a behaviour logprob; 4 decimals keep the file small.
+        logprobs = [round(lp, 4) for lp, bit in zip(seq.behavior_logprobs, mask) if bit]
+        return {
+            "ids": ids,
+            "pieces": token_pieces(self._tokenizer.decode, ids, self._pieces),
+            "spans": span_bounds(mask),
+            "logprobs": logprobs,
+            "advantage": advantage,
+            "policy_version": seq.policy_version,
+            "side_call": seq.side_call,
+            "model_calls": seq.num_model_calls,
+        }
+
+    def record(
+        self, step: int, kind: str, trajectory: pb.Trajectory, advantages: list[float | None] | None = None
+    ) -> dict[str, Any]:
         texts = [
             self._tokenizer.decode(span)
             for seq in trajectory.sequences
             for span in sampled_spans(list(seq.token_ids), list(seq.loss_mask))
         ]
+        advantages = advantages or [None] * len(trajectory.sequences)
+        m = trajectory.metrics
         return {
             "step": step,
             "kind": kind,
             "task": trajectory.task_id,
             "harness": trajectory.harness.config_id or trajectory.harness.name,
+            "group": trajectory.group_id,
+            "trial": trajectory.trial_index,
             "status": pb.TrialStatus.Name(trajectory.status).removeprefix("TRIAL_STATUS_").lower(),
             "reward": trajectory.reward if trajectory.HasField("reward") else None,
             "error": trajectory.error or None,
+            "metrics": {
+                "model_calls": m.model_calls,
+                "tool_calls": m.tool_calls,
+                "history_rewrites": m.history_rewrites,
+                "tool_parse_errors": m.tool_parse_errors,
+                "verifier_no_reward": m.verifier_no_reward,
+                "agent_s": round(m.phase_times.agent_s, 3),
+                "verify_s": round(m.phase_times.verify_s, 3),
+            },
             "sampled": texts,
+            "sequences": [self._sequence(s, a) for s, a in zip(trajectory.sequences, advantages, strict=True)],
         }
 
-    def write(self, step: int, kind: str, trajectories: list[pb.Trajectory]) -> None:
+    def write(
+        self, step: int, kind: str, trajectories: list[pb.Trajectory], trained: Sequence[Trained] = ()
+    ) -> None:
+        """Appends one line per trajectory; `trained` (the learner's sequences) gives the advantages."""
+        advantages = trained_advantages(trajectories, trained)
         with self.path.open("a") as f:
-            for trajectory in trajectories:
-                f.write(json.dumps(self.record(step, kind, trajectory)) + "\n")
+            for trajectory, row in zip(trajectories, advantages, strict=True):
+                f.write(json.dumps(self.record(step, kind, trajectory, row)) + "\n")
