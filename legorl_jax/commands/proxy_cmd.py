@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from legorl_jax.commands import add_config_arguments
+from legorl_jax.commands.serve_cmd import add_shutdown_grace_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model id sent to the engine (default: ask the engine)")
     parser.add_argument("--max-context", type=int, default=None,
                         help="context length in tokens (default: the engine's max_model_len, else engine.max_context)")
+    add_shutdown_grace_argument(parser)
     add_config_arguments(parser)
 
 
@@ -41,9 +43,8 @@ def engine_model_card(engine_url: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from legorl_jax.config import load_config
+    from legorl_jax.serve.drain import serve
     from rollout_server.proxy.app import build_app
     from rollout_server.proxy.service import build_core
 
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     # (it stalled every session ~200 ms every few thousand calls).
     gc.freeze()
     # No access log: a line per model call is I/O on the hot path; the trajectory records every call.
-    uvicorn.run(app, host=args.host or config.proxy.host, port=config.proxy.port if args.port is None else args.port,
-                log_level="info", access_log=False, lifespan="off")
+    serve(app, grace_s=args.shutdown_grace_s, host=args.host or config.proxy.host,
+          port=config.proxy.port if args.port is None else args.port, log_level="info", access_log=False,
+          lifespan="off")
     return 0

@@ -4,7 +4,29 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from pathlib import Path
+
+DEFAULT_SHUTDOWN_GRACE_S = 10.0
+
+
+def _grace_seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def add_shutdown_grace_argument(parser: argparse.ArgumentParser) -> None:
+    """--shutdown-grace-s, shared with `legorl proxy`."""
+    parser.add_argument(
+        "--shutdown-grace-s",
+        type=_grace_seconds,
+        default=DEFAULT_SHUTDOWN_GRACE_S,
+        metavar="S",
+        help="on SIGTERM/SIGINT, seconds in-flight requests may still run; then they end with an error "
+        f"and the process exits (default: {DEFAULT_SHUTDOWN_GRACE_S:g})",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write logprob tokens as 'token_id:<id>' (vLLM's flag of the same name)",
     )
+    add_shutdown_grace_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,9 +53,8 @@ def run(args: argparse.Namespace) -> int:
     # Checked before the heavy imports, so a wrong path fails in well under a second.
     if not (Path(args.model) / "config.json").is_file():
         raise SystemExit(f"legorl serve: {args.model}: not an HF model directory (no config.json)")
-    import uvicorn
-
     from legorl_jax.serve.app import create_app
+    from legorl_jax.serve.drain import serve
     from legorl_jax.serve.loader import WeightsError, load_served_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -49,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"legorl serve: {exc}") from None
     try:
         app = create_app(served, return_tokens_as_token_ids=args.return_tokens_as_token_ids)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info", lifespan="off")
+        serve(app, grace_s=args.shutdown_grace_s, host=args.host, port=args.port, log_level="info", lifespan="off")
     finally:
         served.engine.shutdown()
     return 0

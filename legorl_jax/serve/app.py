@@ -110,6 +110,8 @@ def create_app(served: ServedModel, *, return_tokens_as_token_ids: bool = False)
 
     @app.get("/health")
     async def health() -> Response:
+        if not engine.healthy:
+            raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, "the engine loop is not running")
         return Response(status_code=200)
 
     @app.get("/v1/models")
@@ -130,10 +132,12 @@ def create_app(served: ServedModel, *, return_tokens_as_token_ids: bool = False)
         check_model(req.model)
         try:
             run = CompletionRun(served, req, return_tokens_as_token_ids)
-            run.start()
-        except ValueError as exc:  # out-of-vocabulary ids, ContextLengthError
+        except ValueError as exc:  # empty prompt, out-of-vocabulary ids, ContextLengthError
             raise ApiError(HTTPStatus.BAD_REQUEST, str(exc), "prompt") from exc
-        except RuntimeError as exc:  # the engine is shutting down
+        try:
+            run.start()
+        except RuntimeError as exc:  # the engine is shutting down or its loop died
+            run.abort_unfinished()
             raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) from exc
         if req.stream:
             return StreamingResponse(run.stream(), media_type="text/event-stream")

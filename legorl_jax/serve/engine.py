@@ -140,6 +140,7 @@ class Engine:
         self._draining = False
         self._stepping = False
         self._stopping = False
+        self._failure: str | None = None  # why the loop died, if it did
         self._epoch = 0
         self.weight_version = 0
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "finished": 0}
@@ -157,10 +158,18 @@ class Engine:
         self._thread.join(timeout=60)
         self._fail_all("engine shut down")
 
+    @property
+    def healthy(self) -> bool:
+        """The loop is running: what `/health` reports."""
+        return self._thread.is_alive() and self._failure is None
+
     # ----- requests ----------------------------------------------------------
     def validate(self, prompt: list[int], max_tokens: int | None) -> int:
         """Checks a prompt's ids and length; returns the effective max_tokens.
         Raises ContextLengthError or ValueError."""
+        if not prompt:
+            # vLLM's words; an empty prompt would sample from a padding row.
+            raise ValueError("The decoder prompt cannot be empty")
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is out of vocabulary (size {self.vocab_size})")
@@ -180,6 +189,8 @@ class Engine:
         with self._cond:
             if self._stopping:
                 raise RuntimeError("engine is shut down")
+            if self._failure is not None:
+                raise RuntimeError(f"engine is not running: {self._failure}")
             self._waiting.append(request)
             self._cond.notify_all()
 
@@ -265,34 +276,50 @@ class Engine:
             self.counters["prompt_tokens"] += len(req.prompt)
 
     def _loop(self) -> None:
-        while True:
+        try:
+            while self._iterate():
+                pass
+        except BaseException as exc:  # whatever ends the loop, no request may wait on it
+            log.exception("engine loop died")
+            failure = f"engine loop died: {exc!r}"
             with self._cond:
-                self._cond.wait_for(self._ready)
-                if self._stopping:
-                    return
-                self._admit()
-                slots = list(self._slots)
-                epoch, state = self._epoch, self._state
-                inputs, fed = build_inputs(slots, self._chunks, self._rows)
-                self._stepping = True
-            try:
-                want_top = any(s is not None and (s.request.params.logprobs or 0) > 0 for s in slots)
-                want_prompt = any(s is not None and s.wants_prompt_logprobs for s in slots)
-                self._cache, out = self._step(state, self._cache, inputs, want_top, want_prompt)
-            except Exception as exc:  # a failed step must fail its requests, never hang them
-                log.exception("engine step failed")
-                with self._cond:
-                    self._stepping = False
-                    self._cache = self._new_cache()
-                    self._fail_all(f"engine step failed: {exc}")
-                    self._cond.notify_all()
-                continue
+                self._failure = failure
+                self._stepping = False
+            self._fail_all(failure)
+
+    def _iterate(self) -> bool:
+        """Admits waiting requests and runs one step; False once stopping."""
+        with self._cond:
+            self._cond.wait_for(self._ready)
+            if self._stopping:
+                return False
+            self._admit()
+            slots = list(self._slots)
+            epoch, state = self._epoch, self._state
+            self._stepping = True
+        try:
+            self._run_step(slots, epoch, state)
+        except Exception as exc:  # a failed step fails its own requests, never the engine
+            log.exception("engine step failed")
+            # The device step may have consumed the donated cache. Every slot
+            # with K/V in it was in this step and is failed here.
+            self._cache = self._new_cache()
+            self._fail_slots(f"engine step failed: {exc}")
+        finally:
             with self._cond:
                 self._stepping = False
-                self.counters["steps"] += 1
-                if epoch == self._epoch:
-                    self._apply(slots, fed, inputs.positions, out)
                 self._cond.notify_all()
+        return True
+
+    def _run_step(self, slots: list[Slot | None], epoch: int, state: Any) -> None:
+        inputs, fed = build_inputs(slots, self._chunks, self._rows)
+        want_top = any(s is not None and (s.request.params.logprobs or 0) > 0 for s in slots)
+        want_prompt = any(s is not None and s.wants_prompt_logprobs for s in slots)
+        self._cache, out = self._step(state, self._cache, inputs, want_top, want_prompt)
+        with self._cond:
+            self.counters["steps"] += 1
+            if epoch == self._epoch:
+                self._apply(slots, fed, inputs.positions, out)
 
     def _apply(self, slots: list[Slot | None], fed: list[int], positions: np.ndarray, out: StepOutputs) -> None:
         for row, slot in enumerate(slots):
@@ -353,13 +380,29 @@ class Engine:
         while self._waiting:
             self._waiting.popleft().sink(FinishEvent(reason))
 
+    def _fail_slots(self, message: str) -> None:
+        """Ends every request in a slot with an error; waiting ones stay queued."""
+        with self._cond:
+            requests = [s.request for s in self._slots if s is not None]
+            self._slots = [None] * len(self._slots)
+            self._cond.notify_all()
+        _send_errors(requests, message)
+
     def _fail_all(self, message: str) -> None:
         with self._cond:
             requests = [s.request for s in self._slots if s is not None] + list(self._waiting)
             self._slots = [None] * len(self._slots)
             self._waiting.clear()
-        for req in requests:
+            self._cond.notify_all()
+        _send_errors(requests, message)
+
+
+def _send_errors(requests: list[GenRequest], message: str) -> None:
+    for req in requests:
+        try:
             req.sink(ErrorEvent(message))
+        except Exception:  # one closed sink must not keep the error from the others
+            log.exception("could not send an error to request %s", req.request_id)
 
 
 def _committed(cache: Any) -> Any:

@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # vLLM's default --max-logprobs; top-k alternatives are computed on device for this many.
 MAX_LOGPROBS = 20
+# Every number of a request is bounded here, at the edge: an engine step packs
+# them into 32-bit arrays, and a value past these bounds is a mistake.
+I32_MAX = 2**31 - 1
+MAX_TEMPERATURE = 1e3
+MAX_PROMPTS = 256  # prompts in one batched request
+MAX_STOPS = 64  # stop strings, and stop token ids
+MAX_STOP_CHARS = 1024  # length of one stop string
+
+TokenId = Annotated[int, Field(ge=0, le=I32_MAX)]
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 
 
 class _Lenient(BaseModel):
@@ -31,14 +41,15 @@ class CompletionRequest(_Lenient):
 
     model: str | None = None
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
-    seed: int | None = None
+    max_tokens: int | None = Field(16, ge=1, le=I32_MAX)
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(-1, ge=-1, le=I32_MAX)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # vLLM's bounds: a 64-bit integer
     n: int = Field(1, ge=1, le=64)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(0, ge=0, le=I32_MAX)
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOPS)] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -61,16 +72,22 @@ class CompletionRequest(_Lenient):
     @field_validator("prompt")
     @classmethod
     def _prompt_not_empty(cls, value: Any) -> Any:
+        # Text that tokenizes to nothing is refused by the engine, like any empty prompt.
         if isinstance(value, list) and not value:
             raise ValueError("prompt must not be empty")
-        if isinstance(value, list) and any(isinstance(p, list) and not p for p in value):
-            raise ValueError("a token-id prompt must not be empty")
+        if isinstance(value, list) and any(isinstance(p, list | str) and not p for p in value):
+            raise ValueError("a prompt in a batch must not be empty")
+        if isinstance(value, list) and isinstance(value[0], list | str) and len(value) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts in one request, got {len(value)}")
         return value
 
     @model_validator(mode="after")
     def _supported(self) -> CompletionRequest:
         if self.echo:
             raise ValueError("echo is not supported by this engine")
+        if self.min_tokens:
+            # Ignoring it would end completions earlier than the client asked.
+            raise ValueError("min_tokens is not supported by this engine")
         return self
 
     def stop_strings(self) -> list[str]:
@@ -116,7 +133,7 @@ class CollectiveRpcRequest(_Lenient):
     method: str
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
-    timeout: float | None = None
+    timeout: float | None = Field(None, ge=0.0, allow_inf_nan=False)
 
 
 class CompletionLogprobs(BaseModel):

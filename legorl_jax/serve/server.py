@@ -1,43 +1,14 @@
-"""Runs the embedded engine's app under uvicorn: in the foreground (`legorl
-serve`) or on a background thread (tests, the in-process rollout server)."""
+"""The embedded engine and its HTTP server on a background thread (tests, the
+in-process rollout server); `legorl serve` runs it in the foreground."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from legorl_jax.serve.app import create_app
+from legorl_jax.serve.drain import BackgroundServer
 from legorl_jax.serve.loader import ServedModel, load_served_model
-
-
-class BackgroundServer:
-    """uvicorn on a thread; port 0 picks a free port, read back from `url`."""
-
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="legorl-uvicorn", daemon=True)
-        self.host = host
-        self.url = ""
-
-    def start(self, timeout: float = 60.0) -> BackgroundServer:
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        port = self._server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://{self.host}:{port}"
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=30)
 
 
 class EmbeddedEngine:

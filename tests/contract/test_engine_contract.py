@@ -106,6 +106,13 @@ def test_prompt_over_the_context_is_a_400(client: SyncEngineClient, engine_url: 
     assert client.complete([5, 6], max_tokens=1)[0].token_ids  # still serving
 
 
+@pytest.mark.parametrize("empty", ["", []])
+def test_empty_prompt_is_a_400(client: SyncEngineClient, engine_url: str, empty: str | list[int]) -> None:
+    reply = _raw(engine_url, {"model": client.model(), "prompt": empty, "max_tokens": 1})
+    assert reply.status_code == 400 and reply.json()["error"]["message"]
+    assert client.complete([5, 6], max_tokens=1)[0].token_ids  # still serving
+
+
 def test_tokenize_renders_the_chat_template(engine_url: str, client: SyncEngineClient) -> None:
     async def tokenize() -> list[int]:
         async with EngineClient(engine_url) as aclient:

@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
         max_chunk=32,
         dtype="float32",
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        shutdown_grace_s=serve_cmd.DEFAULT_SHUTDOWN_GRACE_S,
     )
     return serve_cmd.run(engine_args)
 

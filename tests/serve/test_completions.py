@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ PROMPT = [11, 42, 7, 300, 15, 99, 260]
 
 
 def post(engine: Any, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(engine.url + path, json=body, timeout=120)
+    # json.dumps, not httpx's json=: it writes NaN and Infinity, as a careless client might.
+    return httpx.post(engine.url + path, content=json.dumps(body), headers={"content-type": "application/json"},
+                      timeout=120)
 
 
 def complete(engine: Any, **body: Any) -> dict[str, Any]:
@@ -198,10 +201,43 @@ def test_max_tokens_default_fills_the_context(engine: Any) -> None:
         ({"max_tokens": 3}, "prompt"),
         ({"prompt": [10**6]}, "prompt"),
         ({"prompt": [-3]}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": [""]}, "prompt"),
+        ({"prompt": [PROMPT] * 300}, "prompt"),
+        ({"prompt": PROMPT, "top_k": 2**31}, "top_k"),
+        ({"prompt": PROMPT, "top_k": -2}, "top_k"),
+        ({"prompt": PROMPT, "top_p": float("nan")}, "top_p"),
+        ({"prompt": PROMPT, "temperature": float("inf")}, "temperature"),
+        ({"prompt": PROMPT, "temperature": 1e30}, "temperature"),
+        ({"prompt": PROMPT, "max_tokens": 2**31}, "max_tokens"),
+        ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
+        ({"prompt": PROMPT, "n": 0}, "n"),
+        ({"prompt": PROMPT, "n": 65}, "n"),
+        ({"prompt": PROMPT, "min_tokens": 2**31}, "min_tokens"),
+        ({"prompt": PROMPT, "seed": 2**64}, "seed"),
+        ({"prompt": PROMPT, "logprobs": -1}, "logprobs"),
+        ({"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"prompt": PROMPT, "stop": ["x"] * 100}, "stop"),
+        ({"prompt": PROMPT, "stop": "x" * 5000}, "stop"),
+        ({"prompt": PROMPT, "stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"prompt": PROMPT, "stop_token_ids": [2**31]}, "stop_token_ids"),
+        ({"prompt": PROMPT, "stop_token_ids": list(range(5000))}, "stop_token_ids"),
     ],
 )
 def test_bad_requests_get_vllm_shaped_400s(engine: Any, body: dict[str, Any], param: str) -> None:
     assert _error(post(engine, "/v1/completions", body), 400)["param"] == param
+    assert complete(engine, max_tokens=1)["finish_reason"] == "length"  # still serving
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/detokenize", {"tokens": [2**40]}, "tokens"),
+        ("/collective_rpc", {"method": "reload_weights", "timeout": float("inf")}, "timeout"),
+    ],
+)
+def test_bad_numbers_of_other_routes_are_400s(engine: Any, path: str, body: dict[str, Any], param: str) -> None:
+    assert _error(post(engine, path, body), 400)["param"] == param
 
 
 def test_unknown_model_is_404(engine: Any) -> None:
@@ -225,7 +261,7 @@ def test_tokenize_messages_uses_the_chat_template(engine: Any) -> None:
 
 
 class FailingOnce:
-    """TEST INSTRUMENT: wraps the engine's device step and raises on its first call."""
+    """TEST INSTRUMENT: wraps a function of the engine's step and raises on its first call."""
 
     def __init__(self, step: Any) -> None:
         self.step, self.failed = step, False
@@ -233,15 +269,60 @@ class FailingOnce:
     def __call__(self, *args: Any) -> Any:
         if not self.failed:
             self.failed = True
-            raise RuntimeError("injected device failure")
+            raise RuntimeError("injected step failure")
         return self.step(*args)
 
 
 def test_a_failed_step_fails_its_requests_and_the_engine_recovers(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine.served.engine, "_step", FailingOnce(engine.served.engine._step))
     err = _error(post(engine, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3}), 500)
-    assert "injected device failure" in err["message"]
+    assert "injected step failure" in err["message"]
     assert len(complete(engine, max_tokens=3)["token_ids"]) == 3
+
+
+def test_a_fault_packing_a_step_fails_only_that_steps_requests(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host-side work of a step (packing its inputs) fails like the device step:
+    the requests in that step get an error; those still waiting and the loop go on."""
+    from legorl_jax.serve import engine as engine_module
+
+    core = engine.served.engine
+    slots = core.stats()["slots"]
+    body = {"prompt": PROMPT, "max_tokens": 3}
+    core.pause("keep")  # every request queues first, so the first step takes exactly `slots` of them
+    try:
+        with concurrent.futures.ThreadPoolExecutor(slots + 2) as pool:
+            replies = [pool.submit(post, engine, "/v1/completions", body) for _ in range(slots + 2)]
+            deadline = time.monotonic() + 60
+            while core.stats()["waiting"] < slots + 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            monkeypatch.setattr(engine_module, "build_inputs", FailingOnce(engine_module.build_inputs))
+            core.resume()
+            replies = [r.result() for r in replies]
+    finally:
+        core.resume()
+    failed = [r for r in replies if r.status_code != 200]
+    assert len(failed) == slots and all("injected step failure" in _error(r, 500)["message"] for r in failed)
+    assert len(complete(engine, max_tokens=3)["token_ids"]) == 3
+    assert httpx.get(engine.url + "/health").status_code == 200
+
+
+class Fatal(BaseException):
+    """TEST INSTRUMENT: what no step handler catches, so the engine loop dies."""
+
+
+def test_a_dead_engine_loop_fails_requests_and_health(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from legorl_jax.serve.server import EmbeddedEngine
+
+    with EmbeddedEngine.start(tiny_model_dir, max_slots=4, max_len=32, max_chunk=8) as running:
+
+        def fatal(*args: Any) -> Any:
+            raise Fatal("injected loop death")
+
+        monkeypatch.setattr(running.served.engine, "_step", fatal)
+        body = {"prompt": PROMPT, "max_tokens": 3}
+        assert "injected loop death" in _error(post(running, "/v1/completions", body), 500)["message"]
+        assert httpx.get(running.url + "/health").status_code == 503
+        assert "not running" in _error(post(running, "/v1/completions", body), 503)["message"]
 
 
 def test_openai_sdk_reads_completions_and_streams(engine: Any) -> None:
