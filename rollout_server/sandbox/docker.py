@@ -43,6 +43,10 @@ _EXEC_POOL = ThreadPoolExecutor(max_workers=128, thread_name_prefix="sandbox-exe
 MAX_OUTPUT_CHARS = 1_000_000
 # Extra seconds the host waits past the in-container `timeout` before giving up on an exec.
 _HOST_GRACE_S = 5.0
+# What dockerd answers (exit 126) when an exec's process never started; every command
+# runs under `timeout`, so a missing program is timeout's 127, never one of these.
+_EXEC_START_FAILURES = ("failed to start io pipe copy", "OCI runtime exec failed")
+_EXEC_START_TRIES = 3
 # What Docker gives a container whose image sets no PATH.
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Per daemon ID: None when container disk limits work, else why they do not.
@@ -91,6 +95,14 @@ def _storage_size_support(client: docker.DockerClient, image_id: str) -> str | N
                 f"{exc.explanation or exc}"
             )
     return _storage_support[key]
+
+
+def _start_failure(code: int | None, stdout: bytes | None, stderr: bytes | None) -> str | None:
+    """dockerd's own message when it could not start an exec's process (exit 126), else None."""
+    if code != 126:
+        return None
+    head = ((stdout or b"") + (stderr or b""))[:1000].decode("utf-8", errors="replace")
+    return head.strip() if any(marker in head for marker in _EXEC_START_FAILURES) else None
 
 
 def _decode_tail(data: bytes | None) -> str:
@@ -211,14 +223,26 @@ class DockerSandbox:
     def _exec_argv(
         self, argv: list[str], timeout: float, env: dict[str, str] | None, workdir: str | None, user: str
     ) -> ExecResult:
-        started = time.monotonic()
-        future = _EXEC_POOL.submit(self._run_exec, argv, env, workdir or self.spec.workdir, user)
-        try:
-            code, stdout, stderr = future.result(timeout=timeout + _HOST_GRACE_S)
-        except FutureTimeout:
-            return ExecResult(None, "", f"exec did not return within {timeout + _HOST_GRACE_S:.0f}s", timed_out=True)
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"exec in trial {self.spec.trial_id} failed: {self.failure_reason() or exc}") from exc
+        for attempt in range(_EXEC_START_TRIES):
+            started = time.monotonic()
+            future = _EXEC_POOL.submit(self._run_exec, argv, env, workdir or self.spec.workdir, user)
+            try:
+                code, stdout, stderr = future.result(timeout=timeout + _HOST_GRACE_S)
+            except FutureTimeout:
+                return ExecResult(
+                    None, "", f"exec did not return within {timeout + _HOST_GRACE_S:.0f}s", timed_out=True
+                )
+            except docker.errors.DockerException as exc:
+                raise SandboxError(
+                    f"exec in trial {self.spec.trial_id} failed: {self.failure_reason() or exc}"
+                ) from exc
+            start_failure = _start_failure(code, stdout, stderr)
+            if start_failure is None:
+                break
+            # The daemon never started the process (seen under load): safe to ask again.
+            time.sleep(0.5 * (attempt + 1))
+        else:
+            raise SandboxError(f"Docker could not start a process in trial {self.spec.trial_id}: {start_failure}")
         timed_out = code in (124, 137) and time.monotonic() - started >= timeout
         return ExecResult(code, _decode_tail(stdout), _decode_tail(stderr), timed_out=timed_out)
 

@@ -180,3 +180,17 @@ def test_unenforceable_storage_runs_unlimited_only_by_choice(
         box.stop()
     if _storage_size_support(docker_client, BASE_IMAGE) is not None:
         assert "WITHOUT a disk limit" in caplog.text
+
+
+def test_an_exec_the_daemon_never_started_is_asked_again(make_box: MakeBox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dockerd under load sometimes answers 126 without starting the process; that is retried, then an env error."""
+    box = make_box()
+    real = box._run_exec
+    refusals = iter([(126, b"failed to start io pipe copy: unable to copy pipes: containerd-shim", None)])
+    monkeypatch.setattr(box, "_run_exec", lambda *a: next(refusals, None) or real(*a))
+    assert box.exec("echo ran", timeout=10).stdout == "ran\n"
+    monkeypatch.setattr(box, "_run_exec", lambda *a: (126, b"OCI runtime exec failed: exec failed: unknown", None))
+    with pytest.raises(SandboxError, match="Docker could not start a process"):
+        box.exec("echo never", timeout=10)
+    monkeypatch.setattr(box, "_run_exec", lambda *a: (126, b"", b"permission denied"))
+    assert box.exec("./not-executable", timeout=10).exit_code == 126  # the command's own 126 is its answer
