@@ -122,13 +122,16 @@ def test_slow_engine_failure_becomes_an_in_stream_error(proxy: Any, engine: Scri
 
 def test_stream_abort_does_not_stop_capture(proxy: Any, engine: ScriptedEngine) -> None:
     key = proxy.new_session()["key"]
-    engine.delay_s = 0.6
+    engine.delay_s = 0.6  # the proxy under test sends a keep-alive every 0.2 s
     with httpx.stream("POST", f"{proxy.url}/s/{key}/v1/chat/completions", timeout=30,
                       json={"model": "m", "messages": HI, "stream": True}) as reply:
         assert next(reply.iter_lines()) == ": keep-alive"  # then the harness hangs up
     deadline = time.monotonic() + 10
     while not proxy.trajectory(key)["calls"] and time.monotonic() < deadline:
         time.sleep(0.05)
+    (hung_up,) = proxy.trajectory(key)["calls"]  # recorded with its real latency, not 0
+    assert hung_up["latency_s"] >= hung_up["engine_latency_s"] >= 0.5
+    assert hung_up["client_disconnected"] is True
     engine.delay_s = 0.0
     # The retry after the abort extends what was captured.
     client = openai.OpenAI(base_url=f"{proxy.url}/s/{key}/v1", api_key="unused", max_retries=0)
@@ -136,6 +139,7 @@ def test_stream_abort_does_not_stop_capture(proxy: Any, engine: ScriptedEngine) 
                                                         {"role": "user", "content": "more"}])
     traj = proxy.trajectory(key)
     assert [c["merged"] for c in traj["calls"]] == [False, True]
+    assert traj["calls"][1]["latency_s"] > 0 and traj["calls"][1]["client_disconnected"] is False
 
 
 def test_models_and_health(proxy: Any, engine: ScriptedEngine) -> None:
