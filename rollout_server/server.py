@@ -26,7 +26,7 @@ import grpc
 import uvicorn
 
 from legorl_jax.config import Config, ConfigError
-from legorl_jax.grpc_auth import server_security
+from legorl_jax.grpc_auth import client_security, server_security
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient
 from rollout_server.backends.launch import ManagedEngine, start_engine
@@ -162,7 +162,9 @@ class RolloutServer:
         )
         self._weights_dir = tempfile.TemporaryDirectory(prefix="legorl-weights-")
         self.service = RolloutService(
-            host, engine, tasks, Path(self._weights_dir.name), limits, task_roots=task_roots(cfg)
+            host, engine, tasks, Path(self._weights_dir.name), limits, task_roots=task_roots(cfg),
+            # A relayed weight stream goes to another server of the fleet, which wants the fleet's token and TLS.
+            relay_security=client_security(cfg.fleet.security),
         )
         # Streamed weights carry tokenizer files whole in their header (Qwen3's is ~11 MB).
         self._grpc = grpc.aio.server(

@@ -31,6 +31,7 @@ import grpc
 from pydantic import ValidationError
 
 from legorl_jax import __version__
+from legorl_jax.grpc_auth import ClientSecurity
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient, EngineError
@@ -39,7 +40,14 @@ from rollout_server.harnesses.base import HarnessConfigError, HarnessOptions
 from rollout_server.proxy.session import SessionCaps
 from rollout_server.tasks import Task, TaskError, confined_task_dir, load_task
 from rollout_server.trial import TrialHost, TrialSpec, run_trial, sampling_config
-from rollout_server.weights import WeightStreamStalled, WeightTransferError, receive_stream, resolve_location
+from rollout_server.weight_relay import WeightRelay
+from rollout_server.weights import (
+    WeightBaseMismatch,
+    WeightStreamStalled,
+    WeightTransferError,
+    receive_stream,
+    resolve_location,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +60,7 @@ MAX_OPTIONS_JSON_BYTES = 64 * 2**10
 MAX_LABELS = 64
 MAX_LABEL_VALUE_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 64
+MAX_RELAY_HOPS = 1024  # servers one StreamWeights header may name to relay to
 # After the drain grace, how long cancelled trials get to tear their sandboxes down and stream out.
 CANCEL_WAIT_S = 30.0
 
@@ -107,6 +116,20 @@ async def _internal(context: grpc.aio.ServicerContext, method: str, exc: Excepti
     log.exception("%s failed inside the rollout server", method)
     await context.abort(grpc.StatusCode.INTERNAL, f"rollout server fault in {method}: {exc!r}"[:2000])
     raise AssertionError("abort returned")  # abort always raises
+
+
+async def _relay_checked(messages: AsyncIterator[pb.WeightChunk]) -> AsyncIterator[pb.WeightChunk]:
+    """A StreamWeights stream whose header's relay chain is bounded before anyone is called."""
+    async for message in messages:
+        if message.WhichOneof("payload") == "header":
+            relay_to = message.header.relay_to
+            if len(relay_to) > MAX_RELAY_HOPS:
+                raise _invalid(f"relay_to names {len(relay_to)} servers; at most {MAX_RELAY_HOPS}")
+            for address in relay_to:
+                if not address:
+                    raise _invalid("relay_to names an empty address")
+                _check_len("relay_to address", address, MAX_NAME_CHARS)
+        yield message
 
 
 def _check_request(request: pb.RolloutRequest, limits: ServiceLimits, caps: SessionCaps) -> None:
@@ -197,9 +220,14 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         weights_root: Path,
         limits: ServiceLimits = ServiceLimits(),
         task_roots: Iterable[Path] = (),
+        relay_security: ClientSecurity = ClientSecurity(),
     ) -> None:
         self.host = host
         self.weights_root = weights_root
+        # How this server calls the next one of a StreamWeights relay chain (the fleet's token and CA).
+        self.relay_security = relay_security
+        # The published directory the engine serves now: the base a delta must match. None until one is loaded.
+        self.served_weights: Path | None = None
         self.engine = engine
         self.tasks = tasks
         self.limits = limits
@@ -348,7 +376,9 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         _check_len("location", request.location, MAX_LOCATION_CHARS)
         async with self._weights_lock:
             try:
-                directory = await asyncio.to_thread(resolve_location, request.location, self.weights_root)
+                directory = await asyncio.to_thread(
+                    resolve_location, request.location, self.weights_root, current=self.served_weights
+                )
             except WeightTransferError as exc:
                 raise _invalid(str(exc)) from None
             return await self._load(request.version, directory, how="from its location")
@@ -358,15 +388,31 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         self, request_iterator: AsyncIterator[pb.WeightChunk], context: grpc.aio.ServicerContext
     ) -> pb.UpdateWeightsResponse:
         async with self._weights_lock:
+            idle_s = self.limits.weights_idle_timeout_s
+            relay = WeightRelay(_relay_checked(request_iterator), self.relay_security, idle_timeout_s=idle_s)
             try:
                 version, directory = await receive_stream(
-                    request_iterator, self.weights_root, idle_timeout_s=self.limits.weights_idle_timeout_s
+                    relay.messages(), self.weights_root, idle_timeout_s=idle_s, base=self.served_weights
                 )
             except WeightStreamStalled as exc:
+                await relay.finish(upstream_broken=True)
                 raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
+            except WeightBaseMismatch as exc:
+                # This host cannot use the delta; the hosts after it in the chain still get it.
+                await relay.finish(upstream_broken=False)
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
             except WeightTransferError as exc:
+                await relay.finish(upstream_broken=False)
                 raise _invalid(str(exc)) from None
-            return await self._load(version, directory, how="streamed")
+            except BaseException:
+                await relay.finish(upstream_broken=True)
+                raise
+            # The next hosts install while this one reloads; the reply waits for the whole chain.
+            downstream = asyncio.create_task(relay.finish(upstream_broken=False))
+            try:
+                return await self._load(version, directory, how="streamed")
+            finally:
+                await downstream
 
     async def _load(self, version: int, directory: Path, *, how: str) -> pb.UpdateWeightsResponse:
         """pause → reload → reset prefix cache → resume; new trials then carry `version`."""
@@ -374,8 +420,11 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         try:
             await self.engine.update_weights(str(directory))
         except EngineError as exc:
+            # What the engine holds now is unknown: no delta may build on it.
+            self.served_weights = None
             raise Refused(grpc.StatusCode.INTERNAL, f"engine reload of {directory} failed: {exc}") from None
         self.host.policy_version = version
+        self.served_weights = directory
         reload_s = time.monotonic() - started
         log.info("policy version %d loaded (%s) in %.2f s", version, how, reload_s)
         return pb.UpdateWeightsResponse(loaded_version=version, reload_s=reload_s)

@@ -13,6 +13,15 @@ Two ways in, matching the two RPCs:
   announces must fit the index's total size and the free disk space, and a
   sender that goes quiet for `idle_timeout_s` is dropped.
 
+A published version carries `weights.json` (`Manifest`: its version and the
+digest of its exact tensors, `weight_delta.weights_digest`). A delta version
+(`weight_delta`) holds only the manifest, naming its base, and `delta.bin`;
+the host patches the weights it serves when they are that base, else first
+rebuilds the base the same way from the version before it, down to the
+nearest full one (a host that missed versions catches up from the last full
+checkpoint plus deltas). Received or rebuilt weights whose digest differs
+from the manifest's are never installed.
+
 Both build the directory under a hidden temporary name and rename it into place
 only when it is complete, so the engine never sees a half-written version and a
 failed transfer leaves nothing behind. Older versions are pruned to `keep`.
@@ -22,23 +31,31 @@ Blocking calls (`resolve_location`) belong in a worker thread under asyncio.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import hashlib
 import json
 import math
 import shutil
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import tensorstore as ts
+from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from legorl_jax.models import safetensors_io
 from protos.legorl.v1 import rollout_pb2 as pb
+from rollout_server.weight_delta import BaseMismatch, DeltaError, combine_sums, patch, tensor_sum, weights_digest
 
 INDEX_FILE = "model.safetensors.index.json"
+MANIFEST_FILE = "weights.json"
+DELTA_FILE = "delta.bin"
 DEFAULT_KEEP = 2
 _TMP_PREFIX = ".incoming-"
 # Kvstore schemes a location may name; tensorstore would also open http(s)://, which lists nothing and
@@ -78,6 +95,101 @@ class WeightTransferError(ValueError):
 
 class WeightStreamStalled(WeightTransferError):
     """The sender went quiet mid-stream for longer than the idle timeout."""
+
+
+class WeightBaseMismatch(WeightTransferError):
+    """A delta arrived for a base version this host does not serve."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """`weights.json`: which version a directory holds; a delta's base, if it is one."""
+
+    version: int
+    digest: str
+    base_version: int | None = None
+    base_digest: str | None = None
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self)).encode()
+
+    @classmethod
+    def parse(cls, raw: bytes, where: str) -> Manifest:
+        try:
+            return cls(**json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise WeightTransferError(f"{where}: {MANIFEST_FILE} is malformed: {exc}") from None
+
+
+def read_manifest(directory: Path | None) -> Manifest | None:
+    """The directory's manifest; None for a plain HF directory (or none at all)."""
+    if directory is None or not (directory / MANIFEST_FILE).is_file():
+        return None
+    return Manifest.parse((directory / MANIFEST_FILE).read_bytes(), str(directory))
+
+
+def weight_files(directory: Path) -> dict[str, str]:
+    """Tensor name -> safetensors file name of an HF directory."""
+    index = directory / INDEX_FILE
+    if index.is_file():
+        return _parse_index(index.read_bytes())[0]
+    return dict.fromkeys(safetensors_io.SafetensorsFile(directory / "model.safetensors").keys(), "model.safetensors")
+
+
+def read_tensors(directory: Path) -> dict[str, np.ndarray]:
+    """Every tensor of an HF directory in fresh host arrays (parallel reads)."""
+    blocks = []
+    for file in set(weight_files(directory).values()):
+        reader = safetensors_io.SafetensorsFile(directory / file)
+        with safe_open(directory / file, "numpy") as names:  # the dtype names numpy lacks (BF16)
+            dtypes = {name: names.get_slice(name).get_dtype() for name in names.keys()}
+        blocks += [(reader, n, (), np.empty(reader.shape(n), _DTYPES[d])) for n, d in dtypes.items()]
+    safetensors_io.read_blocks(blocks)
+    return {name: out for _, name, _, out in blocks}
+
+
+@functools.cache
+def _hasher() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-digest")
+
+
+def install_delta(base: Path, blob: bytes, dest_root: Path, keep: int = DEFAULT_KEEP) -> tuple[int, Path]:
+    """Patches the weights of `base` with a delta blob into a new directory under
+    `dest_root`, installed only once its digest matches; returns (version, directory)."""
+    manifest = read_manifest(base)
+    if manifest is None:
+        raise WeightBaseMismatch(f"{base} has no {MANIFEST_FILE}; a delta applies only to published weights")
+    tensors = read_tensors(base)
+    try:
+        header = patch(tensors, blob, manifest.digest)
+    except BaseMismatch as exc:
+        raise WeightBaseMismatch(str(exc)) from None
+    except DeltaError as exc:
+        raise WeightTransferError(str(exc)) from None
+    tmp = _new_tmp(dest_root, version_dir_name(header.version))
+    # Hashed while the files are written: a mismatch discards them before anything is installed.
+    digest = _hasher().submit(weights_digest, tensors)
+    try:
+        by_file: dict[str, list[str]] = {}
+        for name, file in weight_files(base).items():
+            by_file.setdefault(file, []).append(name)
+        for file, names in by_file.items():
+            safetensors_io.save_file({n: tensors[n] for n in names}, tmp / file)
+        for side in base.iterdir():
+            if side.is_file() and not side.name.endswith(".safetensors") and side.name != MANIFEST_FILE:
+                shutil.copyfile(side, tmp / side.name)
+        (tmp / MANIFEST_FILE).write_bytes(Manifest(header.version, header.digest).to_bytes())
+        if digest.result() != header.digest:
+            raise WeightTransferError(f"weights after the delta to version {header.version} do not match its digest")
+        final = dest_root / version_dir_name(header.version)
+        install_directory(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        _ACTIVE.discard(tmp)
+    prune_versions(dest_root, keep, final)
+    return header.version, final
 
 
 def version_dir_name(version: int) -> str:
@@ -175,6 +287,8 @@ class _Assembly:
         self.tensors: dict[str, _Tensor] = {}
         self.done: set[str] = set()
         self.received_bytes = 0
+        self.manifest = Manifest.parse(self.files[MANIFEST_FILE], "header") if MANIFEST_FILE in self.files else None
+        self.sums: dict[str, bytes] = {}
 
     def add(self, chunk: pb.TensorChunk) -> str | None:
         """Stores one chunk; returns a file name once all of its tensors are in."""
@@ -222,6 +336,8 @@ class _Assembly:
         names = [n for n, f in self.weight_map.items() if f == file]
         save_file({n: self.tensors[n].array for n in names}, self.tmp / file, metadata={"format": "pt"})
         for n in names:
+            if self.manifest is not None:
+                self.sums[n] = tensor_sum(n, self.tensors[n].array)
             del self.tensors[n]
 
     def finish(self) -> None:
@@ -230,6 +346,8 @@ class _Assembly:
             raise WeightTransferError(f"stream ended with {len(missing)} tensors incomplete or missing: {missing[:5]}")
         if self.total_size is not None and self.total_size != self.received_bytes:
             raise WeightTransferError(f"index says {self.total_size} bytes in total, received {self.received_bytes}")
+        if self.manifest is not None and combine_sums(self.sums) != self.manifest.digest:
+            raise WeightTransferError(f"received tensors do not match the digest of version {self.manifest.version}")
         for name, data in self.files.items():
             (self.tmp / name).write_bytes(data)
 
@@ -257,11 +375,14 @@ async def receive_stream(
     *,
     keep: int = DEFAULT_KEEP,
     idle_timeout_s: float | None = None,
+    base: Path | None = None,
 ) -> tuple[int, Path]:
     """Assembles a `StreamWeights` stream into `dest_root/v{version:08d}`;
-    returns (version, directory). Raises WeightTransferError on a malformed
-    stream, WeightStreamStalled when no message comes for `idle_timeout_s`;
-    either way nothing is left under dest_root."""
+    returns (version, directory). A delta stream patches `base`, the weights
+    served now. Raises WeightTransferError on a malformed stream (its subclass
+    WeightBaseMismatch when `base` is not the delta's base),
+    WeightStreamStalled when no message comes for `idle_timeout_s`; either way
+    nothing is left under dest_root."""
     dest_root = Path(dest_root)
     dest_root.mkdir(parents=True, exist_ok=True)
     stream: AsyncIterator[pb.WeightChunk] = aiter(chunks)
@@ -275,6 +396,9 @@ async def receive_stream(
     first = await next_message()
     if first is None or first.WhichOneof("payload") != "header":
         raise WeightTransferError("a weight stream must start with a header message")
+    if first.header.delta:
+        blob = await _receive_delta(first.header, next_message, base)
+        return await asyncio.to_thread(install_delta, base, blob, dest_root, keep)  # type: ignore[arg-type]
     tmp = _new_tmp(dest_root, version_dir_name(first.header.version))
     try:
         assembly = _Assembly(first.header, tmp)
@@ -296,32 +420,99 @@ async def receive_stream(
     return assembly.version, final
 
 
+async def _receive_delta(
+    header: pb.WeightHeader, next_message: Callable[[], Awaitable[pb.WeightChunk | None]], base: Path | None
+) -> bytes:
+    """A delta stream's blob, bounded by what a delta of `base` can weigh."""
+    if set(header.files) != {MANIFEST_FILE}:
+        raise WeightTransferError(f"a delta header carries {MANIFEST_FILE} alone, got {sorted(header.files)}")
+    manifest = Manifest.parse(header.files[MANIFEST_FILE], "header")
+    served = read_manifest(base)
+    if served is None or (served.version, served.digest) != (manifest.base_version, manifest.base_digest):
+        have = "no published weights" if served is None else f"version {served.version}"
+        raise WeightBaseMismatch(f"delta to version {manifest.version} needs base version {manifest.base_version}; "
+                                 f"this host serves {have}")  # fmt: skip
+    # Positions (at most 8 bytes) and new bits per changed element, before compression.
+    limit = 5 * sum(p.stat().st_size for p in base.glob("*.safetensors")) + 2**20  # type: ignore[union-attr]
+    blob = bytearray()
+    while (message := await next_message()) is not None:
+        if message.WhichOneof("payload") != "delta":
+            raise WeightTransferError("a delta stream carries only delta chunks after its header")
+        blob += message.delta
+        if len(blob) > limit:
+            raise WeightTransferError(f"delta exceeds {limit} bytes, more than any delta of the served weights")
+    return bytes(blob)
+
+
 # -------------------------------------------------------------- location ---
 
 
 def resolve_location(
-    uri: str, cache_root: Path, *, keep: int = DEFAULT_KEEP, context: ts.Context | None = None
+    uri: str,
+    cache_root: Path,
+    *,
+    keep: int = DEFAULT_KEEP,
+    context: ts.Context | None = None,
+    current: Path | None = None,
 ) -> Path:
     """The local HF directory for an `UpdateWeights` location. Blocking.
 
+    A delta version is applied to `current` (the directory served now) when
+    that is its base; otherwise the base is rebuilt first from its sibling
+    `v{base:08d}` under the same parent, down to the nearest full version.
     `context` is a `tensorstore.Context` for remote schemes (tests share one
     with the writer to reach a `memory://` store)."""
     if not uri:
         raise WeightTransferError("weights location is empty")
-    if uri.startswith("file://") or "://" not in uri:
-        local = Path(uri.removeprefix("file://"))
-        try:
-            found = (local / "config.json").is_file()
-        except (OSError, ValueError) as exc:  # a NUL byte, a path the server may not read
-            raise WeightTransferError(f"{uri}: not a usable path: {exc}") from None
-        if not found:
-            raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
-        return local
+    local = uri.startswith("file://") or "://" not in uri
     scheme = uri.split("://", 1)[0]
-    if scheme not in REMOTE_SCHEMES:
+    if not local and scheme not in REMOTE_SCHEMES:
         allowed = ", ".join(f"{s}://" for s in REMOTE_SCHEMES)
         raise WeightTransferError(f"{uri}: scheme {scheme}:// is not supported; use a local path, file://, {allowed}")
-    return _download(uri, Path(cache_root), keep, context)
+    try:
+        raw = _read(uri, MANIFEST_FILE, context)
+    except WeightTransferError:
+        raise
+    except (OSError, ValueError) as exc:  # a NUL byte, a path the server may not read
+        raise WeightTransferError(f"{uri}: not a usable path: {exc}") from None
+    manifest = None if raw is None else Manifest.parse(raw, uri)
+    delta = manifest is not None and manifest.base_version is not None
+    if delta and _serves(current, manifest.base_version, manifest.base_digest):  # type: ignore[union-attr]
+        return _apply(uri, current, cache_root, keep, context)  # type: ignore[arg-type]
+    if _read(uri, "config.json", context) is not None:  # a full checkpoint (perhaps beside a delta)
+        return _download(uri, Path(cache_root), keep, context) if not local else Path(uri.removeprefix("file://"))
+    if not delta:
+        raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
+    assert manifest is not None and manifest.base_version is not None
+    if manifest.base_version >= manifest.version:
+        raise WeightTransferError(f"{uri}: delta to version {manifest.version} on base {manifest.base_version}")
+    # The base is rebuilt the same way, from its own base, down to the last full checkpoint.
+    sibling = f"{uri.rstrip('/').rsplit('/', 1)[0]}/{version_dir_name(manifest.base_version)}"
+    base = resolve_location(sibling, cache_root, keep=keep, context=context, current=current)
+    return _apply(uri, base, cache_root, keep, context)
+
+
+def _serves(current: Path | None, version: int, digest: str | None) -> bool:
+    served = read_manifest(current)
+    return served is not None and (served.version, served.digest) == (version, digest)
+
+
+def _apply(uri: str, base: Path, cache_root: Path, keep: int, context: ts.Context | None) -> Path:
+    """The delta version at `uri` built on `base`, installed under `cache_root`."""
+    blob = _read(uri, DELTA_FILE, context)
+    if blob is None:
+        raise WeightTransferError(f"{uri}: its {MANIFEST_FILE} names a delta, but there is no {DELTA_FILE}")
+    return install_delta(base, blob, Path(cache_root), keep)[1]
+
+
+def _read(uri: str, name: str, context: ts.Context | None) -> bytes | None:
+    """One file of a version directory, local or remote; None when absent."""
+    if uri.startswith("file://") or "://" not in uri:
+        path = Path(uri.removeprefix("file://")) / name
+        return path.read_bytes() if path.is_file() else None
+    kv = _ts(uri, "open", ts.KvStore.open(uri.rstrip("/") + "/", context=context))
+    result = _ts(uri, f"read {name}", kv.read(name))
+    return bytes(result.value) if result.state == "value" else None
 
 
 def _ts(uri: str, what: str, future: Any) -> Any:

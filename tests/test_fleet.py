@@ -149,3 +149,40 @@ def test_unreachable_fleet_is_a_clear_error() -> None:
     run(main)
     with pytest.raises(FleetError, match="no rollout server addresses"):
         Fleet([])
+
+
+def test_hosts_load_published_deltas_by_location_and_catch_up(tmp_path) -> None:
+    """Shared storage: every host rebuilds each delta version bit-exactly from the
+    one it serves; a host that restarted empty rebuilds it from the last full one."""
+    from legorl_jax.models import from_hf
+    from legorl_jax.models.demo_assets import build_tiny_hf_model
+    from legorl_jax.train.publish import DirectoryPublisher
+    from rollout_server.weight_host import start
+    from rollout_server.weights import read_tensors
+    from tests.publish.test_weight_delta import nudged, same_bits
+
+    models = [from_hf(build_tiny_hf_model(tmp_path / "tiny", hidden_size=32, head_dim=8, intermediate_size=64))]
+    models += [nudged(models[0], 1), nudged(nudged(models[0], 1), 2)]
+    publisher = DirectoryPublisher(tmp_path / "pub", keep=1, dtype="bfloat16", full_every=3)
+    reference = DirectoryPublisher(tmp_path / "ref", keep=3, dtype="bfloat16")
+
+    async def main() -> None:
+        hosts = [await start(tmp_path / f"host{i}") for i in range(2)]
+        try:
+            async with Fleet([address for _, address, _ in hosts], wait_for_servers_s=5) as fleet:
+                for version, model in enumerate(models):
+                    if version == 2:  # host 1 restarts with nothing served
+                        server, address, _ = hosts[1]
+                        await server.stop(None)
+                        hosts[1] = await start(tmp_path / "host1-new", address)
+                    location = publisher.publish(model, version)
+                    reference.publish(model, version)
+                    assert set((await fleet.update_weights(version, location)).values()) == {version}
+                    expected = read_tensors(tmp_path / "ref" / f"v{version:08d}")
+                    for _, _, service in hosts:
+                        assert same_bits(service.engine.tensors, expected)
+        finally:
+            for server, _, _ in hosts:
+                await server.stop(None)
+
+    asyncio.run(main())

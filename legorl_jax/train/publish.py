@@ -18,6 +18,18 @@ that dies half-way leaves `LATEST` on the previous version. Versions beyond the
 newest `keep` are deleted; `keep` must cover the policy lag, since a server may
 still be asked to load a version a step or two old.
 
+Every version carries `weights.json` (`rollout_server.weights.Manifest`: the
+version and the digest of its exact tensors). With `full_every` K > 1 every
+version after the first is also a delta against the one before
+(`rollout_server.weight_delta`: the stored elements whose bits changed,
+compressed), and only every K-th version (and the first, and any after a gap)
+is also a full checkpoint. A host serving the version before applies the
+delta; one that missed versions rebuilds from the last full checkpoint and
+the deltas since, so hosts in step never fetch a full checkpoint again.
+`keep` then also covers the versions back to the last full one. The
+publisher holds the previous version's tensors in the stored dtype in host
+memory to diff against (16 GB for an 8B model in bf16).
+
 Publish before the first rollout: step-0 trajectories must come from the
 learner's real weights, not from whatever the engine booted with.
 """
@@ -26,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import re
 import shutil
@@ -34,14 +47,27 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import tensorstore as ts
 
 from legorl_jax.models import CausalLM, to_hf
 from legorl_jax.models.config import DType
-from rollout_server.weights import install_directory, version_dir_name
+from legorl_jax.models.hf_io import _hf_tensors
+from rollout_server.weight_delta import encode_delta, read_header, weights_digest
+from rollout_server.weights import (
+    DELTA_FILE,
+    MANIFEST_FILE,
+    Manifest,
+    install_directory,
+    read_tensors,
+    version_dir_name,
+)
+
+log = logging.getLogger(__name__)
 
 LATEST_FILE = "LATEST"
 DEFAULT_SHARD_BYTES = 2 * 2**30
@@ -90,11 +116,24 @@ async def publish_weights(
     return PublishReport(version, location, published - started, time.monotonic() - published, loaded)
 
 
-def _keep_versions(versions: set[int], published: int, keep: int) -> set[int]:
-    """The published version and the `keep - 1` newest older ones. Newer ones
-    are from a timeline a resumed run abandoned."""
+@dataclasses.dataclass(frozen=True)
+class PublishStats:
+    """What one publish wrote: a full checkpoint, a delta or both; the fraction
+    of stored elements that changed since the previous version (1.0 without a
+    delta); and the bytes a host serving the previous version fetches."""
+
+    version: int
+    kind: Literal["full", "delta", "delta+full"]
+    changed_fraction: float
+    nbytes: int
+
+
+def _keep_versions(versions: set[int], published: int, keep: int, chain_from: int) -> set[int]:
+    """The published version, the `keep - 1` newest older ones, and every one
+    from `chain_from` (the last full checkpoint, which later deltas build on).
+    Newer ones are from a timeline a resumed run abandoned."""
     older = sorted((v for v in versions if v < published), reverse=True)
-    return {published, *older[: keep - 1]}
+    return {published, *older[: keep - 1], *(v for v in versions if chain_from <= v < published)}
 
 
 def _parse_version(name: str) -> int | None:
@@ -109,7 +148,7 @@ class _LocalStore:
     def location(self, version: int) -> str:
         return str(self.root / version_dir_name(version))
 
-    def publish(self, version: int, write: Callable[[Path], None], keep: int) -> str:
+    def publish(self, version: int, write: Callable[[Path], None], keep: int, chain_from: int) -> str:
         name = version_dir_name(version)
         tmp = self.root / f"{_STAGING_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
         try:
@@ -121,13 +160,13 @@ class _LocalStore:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         if jax.process_index() == 0:
-            self._collect(version, keep)
+            self._collect(version, keep, chain_from)
         return self.location(version)
 
-    def _collect(self, published: int, keep: int) -> None:
+    def _collect(self, published: int, keep: int, chain_from: int) -> None:
         entries = {p.name: p for p in self.root.iterdir() if p.is_dir()}
         versions = {v for n in entries if (v := _parse_version(n)) is not None}
-        kept = _keep_versions(versions, published, keep)
+        kept = _keep_versions(versions, published, keep, chain_from)
         for name, path in entries.items():
             version = _parse_version(name)
             # One publisher per root: any staging directory left now is a dead publish's.
@@ -165,7 +204,7 @@ class _KvStore:
     def upload(self, key: str, path: Path) -> None:
         self._kv.write(key, path.read_bytes()).result()
 
-    def publish(self, version: int, write: Callable[[Path], None], keep: int) -> str:
+    def publish(self, version: int, write: Callable[[Path], None], keep: int, chain_from: int) -> str:
         name = version_dir_name(version)
         with tempfile.TemporaryDirectory(prefix="legorl-publish-") as staging:
             out = Path(staging) / name
@@ -177,13 +216,13 @@ class _KvStore:
                     self.upload(f"{name}/{file.name}", file)
                 self._kv.write(LATEST_FILE, (name + "\n").encode()).result()
         if jax.process_index() == 0:
-            self._collect(version, keep)
+            self._collect(version, keep, chain_from)
         return self.location(version)
 
-    def _collect(self, published: int, keep: int) -> None:
+    def _collect(self, published: int, keep: int, chain_from: int) -> None:
         tops = {key.decode().split("/", 1)[0] for key in self._kv.list().result()}
         versions = {v for n in tops if (v := _parse_version(n)) is not None}
-        for version in versions - _keep_versions(versions, published, keep):
+        for version in versions - _keep_versions(versions, published, keep, chain_from):
             self._delete_version(version_dir_name(version))
 
     def latest(self) -> str | None:
@@ -191,13 +230,25 @@ class _KvStore:
         return f"{self.url}/{result.value.decode().strip()}" if result.state == "value" else None
 
 
+@dataclasses.dataclass
+class _Published:
+    """The previous version as hosts will rebuild it: the base of the next delta."""
+
+    version: int
+    digest: str
+    tensors: dict[str, np.ndarray]
+
+
 class DirectoryPublisher:
     """Publishes HF safetensors to `root/v{version:08d}/`, keeping the newest `keep`.
 
     root: a local path, file:// URI, or a tensorstore kvstore URL (gs://...).
     dtype: the stored dtype (default: the parameters'); bfloat16 halves the
-    bytes servers load. context: a `tensorstore.Context` for kvstore roots.
-    Multi-host: every process calls `publish`; process 0 writes.
+    bytes servers load. full_every: when above 1, every version after the
+    first is also a delta on the one before, and a full checkpoint is written
+    every this many versions (1: always full, no deltas). context: a
+    `tensorstore.Context` for kvstore roots. `last` describes the latest
+    publish. Multi-host: every process calls `publish`; process 0 writes.
     """
 
     def __init__(
@@ -208,15 +259,23 @@ class DirectoryPublisher:
         tokenizer_from: str | os.PathLike[str] | None = None,
         dtype: DType | None = None,
         max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+        full_every: int = 1,
         context: ts.Context | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
+        if full_every < 1:
+            raise ValueError(f"full_every must be at least 1, got {full_every}")
         if tokenizer_from is not None and not Path(tokenizer_from).is_dir():
             raise ValueError(f"tokenizer_from={tokenizer_from} is not a directory")
         root = os.fspath(root)
         self.keep = keep
+        self.full_every = full_every
+        self.last: PublishStats | None = None
+        self._dtype = dtype
         self._export: dict[str, Any] = dict(tokenizer_from=tokenizer_from, dtype=dtype, max_shard_bytes=max_shard_bytes)
+        self._previous: _Published | None = None
+        self._full_version = 0
         self._store: _LocalStore | _KvStore
         if root.startswith("file://") or "://" not in root:
             local = Path(root.removeprefix("file://"))
@@ -231,7 +290,50 @@ class DirectoryPublisher:
     def publish(self, model: CausalLM, version: int) -> str:
         if version < 0:
             raise ValueError(f"version must be non-negative, got {version}")
-        return self._store.publish(version, lambda out: to_hf(model, out, **self._export), self.keep)
+        # After a gap (a resumed run) hosts may hold anything: no delta, a full checkpoint.
+        base = self._previous if self._previous is not None and self._previous.version == version - 1 else None
+        full = base is None or version - self._full_version >= self.full_every
+        written: list[tuple[_Published, PublishStats]] = []  # process 0's, kept only once installed
+
+        def write(out: Path) -> None:
+            written.extend(self._write(model, version, out, base, full))
+
+        location = self._store.publish(version, write, self.keep, version if full else self._full_version)
+        if full:
+            self._full_version = version
+        for published, stats in written:
+            self._previous = published if self.full_every > 1 else None
+            self.last = stats
+            log.info("published version %d: %s, %.4f of elements changed, %d bytes", version, stats.kind,
+                     stats.changed_fraction, stats.nbytes)  # fmt: skip
+        return location
+
+    def _write(
+        self, model: CausalLM, version: int, out: Path, base: _Published | None, full: bool
+    ) -> list[tuple[_Published, PublishStats]]:
+        if full:
+            to_hf(model, out, **self._export)
+        else:
+            # The same export to_hf writes, so a delta rebuilds exactly what a full publish would store.
+            exported = dict(_hf_tensors(model, jnp.dtype(self._dtype or model.config.param_dtype)))
+        if jax.process_index() != 0:
+            return []
+        # A full checkpoint is hashed as hosts will read it: the digest then checks every copy against these files.
+        tensors = read_tensors(out) if full else exported
+        digest = weights_digest(tensors)
+        out.mkdir(parents=True, exist_ok=True)
+        if base is None:
+            (out / MANIFEST_FILE).write_bytes(Manifest(version, digest).to_bytes())
+            nbytes = sum(p.stat().st_size for p in out.iterdir())
+            return [(_Published(version, digest, tensors), PublishStats(version, "full", 1.0, nbytes))]
+        blob = encode_delta(base.tensors, tensors, base_version=base.version, version=version,
+                            base_digest=base.digest, digest=digest)  # fmt: skip
+        (out / DELTA_FILE).write_bytes(blob)
+        (out / MANIFEST_FILE).write_bytes(Manifest(version, digest, base.version, base.digest).to_bytes())
+        header = read_header(blob)
+        kind: Literal["delta", "delta+full"] = "delta+full" if full else "delta"
+        stats = PublishStats(version, kind, header.changed / max(header.total, 1), len(blob))
+        return [(_Published(version, digest, tensors), stats)]
 
     def latest(self) -> str | None:
         """Location of the newest completely published version, if any."""

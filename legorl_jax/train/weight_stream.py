@@ -1,7 +1,11 @@
 """Weights over gRPC for fleets without shared storage: `WeightStreamer` sends a
-published HF directory to every rollout server with `StreamWeights`.
+published version to every rollout server with `StreamWeights`, to each
+directly or once down a relay chain of the servers (`rollout_server.weight_relay`).
+A delta version (`rollout_server.weight_delta`) travels as a header naming its
+base and its blob in chunks; a server that does not serve the base gets the
+last full checkpoint and the deltas since.
 
-The stream is a header (every small file of the directory, and always a
+A full stream is a header (every small file of the directory, and always a
 safetensors index, synthesised for single-file checkpoints, so the receiver
 knows the full tensor list up front) followed by each tensor in chunks, file
 by file. Tensors are read one at a time from the memory-mapped safetensors
@@ -28,7 +32,7 @@ from safetensors import safe_open
 from legorl_jax.grpc_auth import ClientSecurity
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
-from rollout_server.weights import INDEX_FILE
+from rollout_server.weights import DELTA_FILE, INDEX_FILE, MANIFEST_FILE, read_manifest, version_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +49,8 @@ def _local_directory(location: str) -> Path:
     if "://" in location and not location.startswith("file://"):
         raise WeightStreamError(f"{location}: only a local directory can be streamed; publish to a local path")
     directory = Path(location.removeprefix("file://"))
-    if not (directory / "config.json").is_file():
-        raise WeightStreamError(f"{location}: no config.json there; not an HF weights directory")
+    if not (directory / "config.json").is_file() and not (directory / DELTA_FILE).is_file():
+        raise WeightStreamError(f"{location}: neither config.json nor {DELTA_FILE} there; not a published version")
     return directory
 
 
@@ -62,18 +66,34 @@ def _weight_map(directory: Path) -> dict[str, Any]:
         return {"weight_map": dict.fromkeys(f.keys(), single.name)}
 
 
-def weight_chunks(directory: Path, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.WeightChunk]:
-    """The `StreamWeights` messages for one HF directory, lazily."""
+def weight_chunks(
+    directory: Path,
+    version: int,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    relay_to: Sequence[str] = (),
+    *,
+    full: bool = False,
+) -> Iterator[pb.WeightChunk]:
+    """The `StreamWeights` messages for one published version, lazily: its
+    delta blob in chunks when it has one (unless `full`), else the HF
+    directory tensor by tensor."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    if not full and (directory / DELTA_FILE).is_file():
+        files = {MANIFEST_FILE: (directory / MANIFEST_FILE).read_bytes()}
+        yield pb.WeightChunk(header=pb.WeightHeader(version=version, files=files, delta=True, relay_to=relay_to))
+        blob = (directory / DELTA_FILE).read_bytes()
+        for offset in range(0, len(blob), chunk_bytes):
+            yield pb.WeightChunk(delta=blob[offset : offset + chunk_bytes])
+        return
     index = _weight_map(directory)
     files = {
         p.name: p.read_bytes()
         for p in sorted(directory.iterdir())
-        if p.is_file() and not p.name.endswith(".safetensors") and p.name != INDEX_FILE
+        if p.is_file() and not p.name.endswith(".safetensors") and p.name not in (INDEX_FILE, DELTA_FILE)
     }
     files[INDEX_FILE] = json.dumps(index).encode()
-    yield pb.WeightChunk(header=pb.WeightHeader(version=version, files=files))
+    yield pb.WeightChunk(header=pb.WeightHeader(version=version, files=files, relay_to=relay_to))
     by_file: dict[str, list[str]] = {}
     for name, file in index["weight_map"].items():
         by_file.setdefault(file, []).append(name)
@@ -102,10 +122,32 @@ async def _in_thread(chunks: Iterator[pb.WeightChunk]) -> AsyncIterator[pb.Weigh
         yield chunk
 
 
+def delta_chain(directory: Path) -> list[Path]:
+    """The published directories a host without any of them needs for `directory`:
+    the last full checkpoint up to it, then each delta after that."""
+    chain = [directory]
+    while not (chain[0] / "config.json").is_file():
+        manifest = read_manifest(chain[0])
+        if manifest is None or manifest.base_version is None:
+            raise WeightStreamError(f"{chain[0]} is neither a full checkpoint nor a delta")
+        base = chain[0].parent / version_dir_name(manifest.base_version)
+        if not base.is_dir():
+            raise WeightStreamError(f"{chain[0]} is a delta on version {manifest.base_version}, no longer published")
+        chain.insert(0, base)
+    return chain
+
+
 class WeightStreamer:
     """`WeightSubscribers` for a fleet without shared storage: streams a local
     published directory to every address and returns address -> loaded version.
-    A server that fails is logged and left out; none loading is an error."""
+
+    relay=False sends each server its own stream; relay=True sends one stream
+    to the first server, which relays it down the chain of the others
+    (`rollout_server.weight_relay`), so the learner's link carries each
+    version once. Either way a server that cannot take a delta (it missed
+    versions, or a relay before it failed) then gets the last full checkpoint
+    and the deltas since, directly. A server that fails is logged and left
+    out; none loading is an error."""
 
     def __init__(
         self,
@@ -114,6 +156,7 @@ class WeightStreamer:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         timeout_s: float = 600.0,
         security: ClientSecurity = ClientSecurity(),
+        relay: bool = False,
     ) -> None:
         if not addresses:
             raise ValueError("WeightStreamer needs at least one server address")
@@ -123,22 +166,57 @@ class WeightStreamer:
         self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s
         self.security = security
+        self.relay = relay
 
-    async def _send(self, address: str, directory: Path, version: int) -> int:
+    async def _send(
+        self, address: str, directory: Path, version: int, relay_to: Sequence[str] = (), *, full: bool = False
+    ) -> int:
         async with self.security.channel(address) as channel:
             stub = pb_grpc.RolloutServiceStub(channel)
-            chunks = _in_thread(weight_chunks(directory, version, self.chunk_bytes))
+            chunks = _in_thread(weight_chunks(directory, version, self.chunk_bytes, relay_to, full=full))
             reply = await stub.StreamWeights(chunks, timeout=self.timeout_s, metadata=self.security.metadata)
         return reply.loaded_version
 
+    async def _send_or_catch_up(self, address: str, directory: Path, version: int) -> int:
+        try:
+            return await self._send(address, directory, version)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+        log.info("%s lacks the base of version %d; sending the last full checkpoint and deltas", address, version)
+        chain = delta_chain(directory)
+        loaded = await self._send(address, chain[0], _version_of(chain[0]), full=True)
+        for step in chain[1:]:
+            loaded = await self._send(address, step, _version_of(step))
+        return loaded
+
+    async def _served(self, address: str) -> int | None:
+        try:
+            async with self.security.channel(address) as channel:
+                status = await pb_grpc.RolloutServiceStub(channel).GetStatus(
+                    pb.GetStatusRequest(), timeout=10.0, metadata=self.security.metadata
+                )
+        except grpc.aio.AioRpcError:
+            return None
+        return status.loaded_policy_version
+
     async def update_weights(self, version: int, location: str) -> dict[str, int]:
         directory = _local_directory(location)
+        behind = self.addresses
+        if self.relay:
+            try:
+                await self._send(self.addresses[0], directory, version, relay_to=self.addresses[1:])
+            except grpc.aio.AioRpcError as exc:
+                log.warning("StreamWeights relay from %s failed: %s", self.addresses[0], exc.details())
+            # What each server serves now, not what the chain said: a relay may have failed anywhere.
+            served = await asyncio.gather(*(self._served(a) for a in self.addresses))
+            behind = [a for a, v in zip(self.addresses, served, strict=True) if v != version]
         results = await asyncio.gather(
-            *(self._send(a, directory, version) for a in self.addresses), return_exceptions=True
+            *(self._send_or_catch_up(a, directory, version) for a in behind), return_exceptions=True
         )
-        loaded: dict[str, int] = {}
+        loaded = {a: version for a in self.addresses if a not in behind}
         failures: list[str] = []
-        for address, result in zip(self.addresses, results, strict=True):
+        for address, result in zip(behind, results, strict=True):
             if isinstance(result, BaseException):
                 detail = result.details() if isinstance(result, grpc.aio.AioRpcError) else repr(result)
                 log.warning("StreamWeights to %s failed: %s", address, detail)
@@ -148,3 +226,10 @@ class WeightStreamer:
         if not loaded:
             raise WeightStreamError(f"no server loaded policy version {version}: {'; '.join(failures)}")
         return loaded
+
+
+def _version_of(directory: Path) -> int:
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise WeightStreamError(f"{directory} has no manifest; cannot tell its version")
+    return manifest.version

@@ -15,7 +15,7 @@ from flax import nnx
 
 from legorl_jax.models import CausalLM, hf_io
 from legorl_jax.train.publish import DirectoryPublisher, PublishError
-from rollout_server.weights import resolve_location
+from rollout_server.weights import MANIFEST_FILE, resolve_location
 
 SMALL_SHARDS = 16 * 2**10  # several shard files for the tiny model
 
@@ -135,7 +135,7 @@ def test_torn_kvstore_upload_leaves_latest(
     retry = DirectoryPublisher(url, keep=3, context=context)
     assert retry.publish(model, 2) == retry.latest() == f"{url}/v00000002"
     uploaded = {k.split("/")[1] for k in kv_keys(url, context) if k.startswith("v00000002/")}
-    assert uploaded == {"config.json", "generation_config.json", "model.safetensors"}
+    assert uploaded == {"config.json", "generation_config.json", "model.safetensors", MANIFEST_FILE}
     assert_loads_identical(resolve_location(f"{url}/v00000002", tmp_path / "cache", context=context), model)
 
 

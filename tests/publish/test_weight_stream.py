@@ -156,7 +156,7 @@ def test_streamer_skips_dead_servers_and_fails_when_none_load(tmp_path: Path, mo
     asyncio.run(main())
     with pytest.raises(WeightStreamError, match="only a local directory"):
         asyncio.run(WeightStreamer(["x:1"]).update_weights(1, "gs://bucket/v1"))
-    with pytest.raises(WeightStreamError, match="no config.json"):
+    with pytest.raises(WeightStreamError, match="neither config.json"):
         asyncio.run(WeightStreamer(["x:1"]).update_weights(1, str(tmp_path)))
 
 

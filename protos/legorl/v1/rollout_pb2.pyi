@@ -199,15 +199,17 @@ class UpdateWeightsResponse(_message.Message):
     def __init__(self, loaded_version: _Optional[int] = ..., reload_s: _Optional[float] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
-    __slots__ = ("header", "tensor")
+    __slots__ = ("header", "tensor", "delta")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
     header: WeightHeader
     tensor: TensorChunk
-    def __init__(self, header: _Optional[_Union[WeightHeader, _Mapping]] = ..., tensor: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+    delta: bytes
+    def __init__(self, header: _Optional[_Union[WeightHeader, _Mapping]] = ..., tensor: _Optional[_Union[TensorChunk, _Mapping]] = ..., delta: _Optional[bytes] = ...) -> None: ...
 
 class WeightHeader(_message.Message):
-    __slots__ = ("version", "files")
+    __slots__ = ("version", "files", "delta", "relay_to")
     class FilesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -217,9 +219,13 @@ class WeightHeader(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    RELAY_TO_FIELD_NUMBER: _ClassVar[int]
     version: int
     files: _containers.ScalarMap[str, bytes]
-    def __init__(self, version: _Optional[int] = ..., files: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    delta: bool
+    relay_to: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., files: _Optional[_Mapping[str, bytes]] = ..., delta: _Optional[bool] = ..., relay_to: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("name", "dtype", "shape", "offset", "data")

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Weight-sync benchmark: from the end of a learner step to every host serving it.
+
+A random Qwen3 (~100M or ~400M parameters, float32 master weights, bfloat16
+compute) takes real AdamW steps at lr 1e-6 on random tokens; after each step
+`DirectoryPublisher` publishes it in bfloat16 (a full checkpoint every
+`--full-every` versions, deltas between) and `WeightStreamer` delivers it to
+N weights-only rollout hosts (`rollout_server.weight_host`, each its own
+process: the real `RolloutService` weight handlers over an engine that reads
+the weights into host memory), relayed host to host in a chain. The wall
+time from the end of the step to all N hosts serving the version (GetStatus)
+is compared with one raw copy of the full bf16 checkpoint (`shutil.copyfile`
+of its safetensors files, from the page cache), the baseline of
+scripts/bench_train.py. Bytes: what the learner's link sends per step (once
+with a relay chain; N times with direct streams, run as a reference at the
+largest N) and the changed fraction of elements per delta step.
+
+All N hosts share this machine's cores with the learner, so per-host CPU
+work (patching, hashing, writing, reloading) adds up with N here, where a
+real fleet gives every host its own.
+
+    .venv/bin/python scripts/bench_weight_sync.py [--sizes 100m,400m] [--hosts 1,2,4,8] [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from legorl_jax.models import CausalLM
+from legorl_jax.models.config import ModelConfig
+from legorl_jax.train.publish import DirectoryPublisher
+from legorl_jax.train.weight_stream import WeightStreamer
+
+SIZES = {
+    # name: (hidden, layers, heads, kv heads, intermediate); vocab 32768, head_dim 64, untied embeddings.
+    "100m": (768, 8, 12, 4, 2048),
+    "400m": (1024, 26, 16, 8, 3072),
+}
+LR = 1e-6
+TOKENS = 64
+
+
+def make_model(size: str) -> CausalLM:
+    hidden, layers, heads, kv_heads, intermediate = SIZES[size]
+    config = ModelConfig(
+        architecture="qwen3", vocab_size=32768, hidden_size=hidden, intermediate_size=intermediate,
+        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=64, qk_norm=True,
+        param_dtype="float32", compute_dtype="bfloat16",
+    )  # fmt: skip
+    return CausalLM(config, rngs=nnx.Rngs(0))
+
+
+def learner_steps(size: str, steps: int) -> Iterator[tuple[CausalLM, float]]:
+    """The model before training, then after each AdamW step, with the step's seconds."""
+    model = make_model(size)
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = optax.adamw(LR)
+    opt_state = tx.init(params)
+
+    # Donated: old and new parameters and optimizer state never coexist (the 400M case is tight in 24 GB).
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params: nnx.State, opt_state: optax.OptState, tokens: jax.Array) -> tuple[nnx.State, optax.OptState]:
+        def loss(p: nnx.State) -> jax.Array:
+            logits = nnx.merge(graph, p, rest)(tokens[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+        updates, opt_state = tx.update(jax.grad(loss)(params), opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    yield model, 0.0
+    keys = jax.random.split(jax.random.key(1), steps)
+    for key in keys:
+        tokens = jax.random.randint(key, (1, TOKENS + 1), 0, 32768)
+        started = time.monotonic()
+        params, opt_state = jax.block_until_ready(step(params, opt_state, tokens))
+        yield nnx.merge(graph, params, rest), time.monotonic() - started
+
+
+@contextlib.contextmanager
+def host_processes(count: int, scratch: Path) -> Iterator[list[str]]:
+    """`count` weights-only rollout hosts, each its own process; their addresses."""
+    procs = []
+    try:
+        for i in range(count):
+            root = scratch / f"host{i}"
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "rollout_server.weight_host", "--root", str(root)],
+                stdout=subprocess.PIPE, text=True,
+            ))  # fmt: skip
+        addresses = []
+        for proc in procs:
+            assert proc.stdout is not None
+            addresses.append(proc.stdout.readline().strip())
+            if not addresses[-1]:
+                raise RuntimeError(f"weight host {proc.pid} did not start")
+        yield addresses
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+
+
+def raw_copy_s(directory: Path, dest: Path, repeat: int = 3) -> tuple[float, int]:
+    """Median seconds of one copy of the checkpoint's safetensors files, and their bytes."""
+    files = sorted(directory.glob("*.safetensors"))
+    times = []
+    for _ in range(repeat):
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        started = time.monotonic()
+        for f in files:
+            shutil.copyfile(f, dest / f.name)
+        times.append(time.monotonic() - started)
+    shutil.rmtree(dest, ignore_errors=True)
+    return statistics.median(times), sum(f.stat().st_size for f in files)
+
+
+async def run(size: str, hosts: list[str], relay: bool, args: argparse.Namespace, scratch: Path) -> dict[str, float]:
+    """Publish + sync after each learner step; seconds and bytes of the full and the delta versions."""
+    root = scratch / f"pub-{size}-{len(hosts)}-{relay}"
+    publisher = DirectoryPublisher(root, keep=2, dtype="bfloat16", full_every=args.full_every)
+    streamer = WeightStreamer(hosts, relay=relay)
+    full, deltas, fractions, delta_bytes, publish_delta = {}, [], [], [], []
+    for version, (model, _) in enumerate(learner_steps(size, args.steps)):
+        if version == 0:  # warm-up: the first export compiles the casts, which a running learner has long done
+            DirectoryPublisher(scratch / "warm-up", dtype="bfloat16").publish(model, 0)
+        started = time.monotonic()
+        location = await asyncio.to_thread(publisher.publish, model, version)
+        published = time.monotonic()
+        loaded = await streamer.update_weights(version, location)
+        done = time.monotonic()
+        assert loaded == dict.fromkeys(hosts, version), loaded
+        stats = publisher.last
+        assert stats is not None
+        if stats.kind == "full":
+            copy_s, nbytes = raw_copy_s(Path(location), scratch / "raw")
+            full = {"sync_s": done - started, "publish_s": published - started, "copy_s": copy_s, "bytes": nbytes}
+        else:
+            deltas.append(done - started)
+            publish_delta.append(published - started)
+            fractions.append(stats.changed_fraction)
+            delta_bytes.append(stats.nbytes)
+    shutil.rmtree(root, ignore_errors=True)
+    return {
+        **full,
+        "delta_sync_s": statistics.median(deltas),
+        "delta_publish_s": statistics.median(publish_delta),
+        "changed": statistics.median(fractions),
+        "delta_bytes": statistics.median(delta_bytes),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="100m,400m")
+    parser.add_argument("--hosts", default="1,2,4,8", help="fleet sizes N")
+    parser.add_argument("--steps", type=int, default=3, help="learner steps (delta versions) per fleet size")
+    parser.add_argument("--full-every", type=int, default=8)
+    args = parser.parse_args()
+    counts = [int(n) for n in args.hosts.split(",")]
+    jax.config.update("jax_default_matmul_precision", "float32")
+    print(f"jax {jax.__version__} on {jax.default_backend()}, lr {LR}, full checkpoint every {args.full_every}")
+    with contextlib.ExitStack() as stack:
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-weight-sync-")))
+        addresses = stack.enter_context(host_processes(max(counts), scratch))
+        for size in args.sizes.split(","):
+            abstract = nnx.eval_shape(lambda: make_model(size))  # counted without allocating
+            params = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+            print(f"\n{size}: {params / 1e6:.0f}M parameters")
+            print("| hosts | fan-out | full sync s | full / raw copy | delta sync s | delta / raw copy | "
+                  "changed | delta MB | learner link MB/step |")  # fmt: skip
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            runs = [(n, True) for n in counts] + [(max(counts), False)] * (max(counts) > 1)
+            for n, relay in runs:
+                r = asyncio.run(run(size, addresses[:n], relay, args, scratch))
+                link = r["delta_bytes"] * (1 if relay else n) / 1e6
+                print(
+                    f"| {n} | {'relay chain' if relay else 'direct'} | {r['sync_s']:.3f} | "
+                    f"{r['sync_s'] / r['copy_s']:.2f}x | {r['delta_sync_s']:.3f} | "
+                    f"{r['delta_sync_s'] / r['copy_s']:.2f}x | {100 * r['changed']:.2f}% | "
+                    f"{r['delta_bytes'] / 1e6:.1f} | {link:.1f} |", flush=True,
+                )  # fmt: skip
+            print(f"raw copy of the full bf16 checkpoint: {r['copy_s']:.3f} s ({r['bytes'] / 1e6:.0f} MB); "
+                  f"full publish {r['publish_s']:.3f} s, delta publish {r['delta_publish_s']:.3f} s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    jnp.zeros(())  # backend up before the hosts start competing for the cores
+    sys.exit(main())

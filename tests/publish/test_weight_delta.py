@@ -1,0 +1,180 @@
+"""Delta versions: bit-exact reconstruction (checked by digest against a full
+publish of the same weights), torn or mismatched deltas refused before any
+write, hosts that missed versions catching up from the last full checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from flax import nnx
+
+from legorl_jax.models import CausalLM
+from legorl_jax.train.publish import DirectoryPublisher
+from legorl_jax.train.weight_stream import weight_chunks
+from protos.legorl.v1 import rollout_pb2 as pb
+from rollout_server.weight_delta import BaseMismatch, DeltaError, apply_delta, encode_delta, read_header, weights_digest
+from rollout_server.weights import (
+    WeightBaseMismatch,
+    WeightTransferError,
+    read_manifest,
+    read_tensors,
+    receive_stream,
+    resolve_location,
+)
+
+
+def nudged(model: CausalLM, seed: int, lr: float = 1e-3) -> CausalLM:
+    """`model` after an update of relative size `lr`: in bf16 only some elements change."""
+    graph, state = nnx.split(model)
+    keys = iter(jax.random.split(jax.random.key(seed), 1000))
+    state = jax.tree.map(lambda x: x * (1 + lr * jax.random.normal(next(keys), x.shape, x.dtype)), state)
+    return nnx.merge(graph, state)
+
+
+def same_bits(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def bf16_pair() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    old = {f"w{i}": rng.standard_normal((64, 48)).astype(ml_dtypes.bfloat16) for i in range(3)}
+    old["w0"].reshape(-1)[:3] = [np.nan, -0.0, np.inf]
+    new = {k: v.copy() for k, v in old.items()}
+    new["w0"].reshape(-1)[:3] = [0.0, 0.0, -np.inf]  # -0.0 -> 0.0 compares equal as values, not as bits
+    new["w1"].reshape(-1)[rng.choice(new["w1"].size, 50, replace=False)] += ml_dtypes.bfloat16(0.5)
+    return old, new
+
+
+def delta_of(old: dict[str, np.ndarray], new: dict[str, np.ndarray]) -> bytes:
+    """The delta from version 1 (`old`) to version 2 (`new`)."""
+    digests = {"base_digest": weights_digest(old), "digest": weights_digest(new)}
+    return encode_delta(old, new, base_version=1, version=2, **digests)
+
+
+def test_delta_rebuilds_the_exact_bits() -> None:
+    old, new = bf16_pair()
+    blob = delta_of(old, new)
+    header = read_header(blob)
+    assert header.changed == 53 and header.total == 3 * 64 * 48
+    base = {k: v.copy() for k, v in old.items()}
+    apply_delta(base, blob, weights_digest(old))
+    assert same_bits(base, new)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "wrong base"])
+def test_bad_delta_is_refused_and_leaves_the_base_alone(damage: str) -> None:
+    old, new = bf16_pair()
+    blob = delta_of(old, new)
+    base = {k: v.copy() for k, v in old.items()}
+    digest = weights_digest(old)
+    if damage == "truncated":
+        blob = blob[: len(blob) // 2]
+    elif damage == "flipped":
+        blob = blob[:100] + bytes([blob[100] ^ 1]) + blob[101:]
+    else:
+        digest = weights_digest(new)
+    with pytest.raises(BaseMismatch if damage == "wrong base" else DeltaError):
+        apply_delta(base, blob, digest)
+    assert same_bits(base, old)
+
+
+Published = tuple[Path, Path, list[CausalLM]]
+
+
+@pytest.fixture
+def published(tmp_path: Path, model: CausalLM) -> Published:
+    """Versions 0..4 with a full checkpoint every 3 (0 and 3 also full, 1..4
+    deltas) and the same models published in full alone, as the reference."""
+    models = [model]
+    for step in range(1, 5):
+        models.append(nudged(models[-1], step))
+    deltas = DirectoryPublisher(tmp_path / "deltas", keep=2, dtype="bfloat16", full_every=3)
+    fulls = DirectoryPublisher(tmp_path / "fulls", keep=5, dtype="bfloat16")
+    kinds = []
+    for version, m in enumerate(models):
+        deltas.publish(m, version)
+        fulls.publish(m, version)
+        assert deltas.last is not None
+        kinds.append(deltas.last.kind)
+        assert 0 < deltas.last.changed_fraction <= 1
+    assert kinds == ["full", "delta", "delta", "delta+full", "delta"]
+    return tmp_path / "deltas", tmp_path / "fulls", models
+
+
+def test_published_deltas_rebuild_what_a_full_publish_stores(published: Published, tmp_path: Path) -> None:
+    deltas, fulls, _ = published
+    # keep=2, but the chain back to the last full checkpoint (3) stays.
+    assert sorted(p.name for p in deltas.iterdir() if p.is_dir()) == ["v00000003", "v00000004"]
+    host = tmp_path / "host"
+    current = resolve_location(str(deltas / "v00000003"), host)
+    assert current == deltas / "v00000003"  # a fresh host takes the full checkpoint beside the delta
+    rebuilt = resolve_location(str(deltas / "v00000004"), host, current=current)
+    assert same_bits(read_tensors(rebuilt), read_tensors(fulls / "v00000004"))
+    manifest = read_manifest(rebuilt)
+    reference = read_manifest(fulls / "v00000004")
+    assert manifest is not None and reference is not None and manifest.digest == reference.digest
+    assert (rebuilt / "config.json").is_file()
+
+
+def test_a_host_in_step_takes_the_delta_beside_a_full_checkpoint(
+    published: Published, tmp_path: Path
+) -> None:
+    deltas, fulls, _ = published
+    host = tmp_path / "host"
+    current = resolve_location(str(fulls / "v00000002"), host)  # what the host serves: version 2, in full
+    got = resolve_location(str(deltas / "v00000003"), host, current=current)
+    assert got.parent == host and same_bits(read_tensors(got), read_tensors(fulls / "v00000003"))
+
+
+def test_a_host_that_missed_versions_catches_up_from_the_last_full(tmp_path: Path, model: CausalLM) -> None:
+    root = tmp_path / "pub"
+    publisher = DirectoryPublisher(root, keep=1, dtype="bfloat16", full_every=4)
+    models = [model, nudged(model, 1), nudged(nudged(model, 1), 2)]
+    for version, m in enumerate(models):
+        publisher.publish(m, version)
+    reference = DirectoryPublisher(tmp_path / "ref", dtype="bfloat16")
+    reference.publish(models[2], 2)
+    # A fresh host (nothing served) and one that serves version 0 and missed 1.
+    for current in (None, resolve_location(str(root / "v00000000"), tmp_path / "h0")):
+        got = resolve_location(str(root / "v00000002"), tmp_path / "h1", current=current)
+        assert same_bits(read_tensors(got), read_tensors(tmp_path / "ref" / "v00000002"))
+
+
+async def feed(messages: Iterable[pb.WeightChunk]) -> AsyncIterator[pb.WeightChunk]:
+    for message in messages:
+        yield message
+
+
+def test_streamed_delta_patches_the_served_version(published: Published, tmp_path: Path) -> None:
+    deltas, fulls, _ = published
+    host = tmp_path / "host"
+    _, base = asyncio.run(receive_stream(feed(weight_chunks(deltas / "v00000003", 3, full=True)), host))
+    messages = list(weight_chunks(deltas / "v00000004", 4, chunk_bytes=100))
+    assert messages[0].header.delta and len(messages) > 2
+    version, got = asyncio.run(receive_stream(feed(messages), host, base=base))
+    assert version == 4 and same_bits(read_tensors(got), read_tensors(fulls / "v00000004"))
+
+    with pytest.raises(WeightBaseMismatch, match="needs base version 3"):
+        asyncio.run(receive_stream(feed(messages), tmp_path / "other", base=got))
+    torn = messages[:-1]
+    with pytest.raises(WeightTransferError, match="checksum|do not add up|too short"):
+        asyncio.run(receive_stream(feed(torn), tmp_path / "torn", base=base))
+    assert not [p for p in (tmp_path / "torn").iterdir() if p.name.startswith("v")]
+
+
+def test_full_stream_with_a_wrong_digest_is_not_installed(published: Published, tmp_path: Path) -> None:
+    deltas, _, _ = published
+    messages = list(weight_chunks(deltas / "v00000003", 3, full=True))
+    tensor = next(i for i, m in enumerate(messages) if m.WhichOneof("payload") == "tensor")
+    data = bytearray(messages[tensor].tensor.data)
+    data[0] ^= 1
+    messages[tensor].tensor.data = bytes(data)
+    with pytest.raises(WeightTransferError, match="digest"):
+        asyncio.run(receive_stream(feed(messages), tmp_path / "host"))
+    assert list((tmp_path / "host").iterdir()) == []
