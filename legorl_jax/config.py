@@ -154,7 +154,12 @@ class ProxyConfig(Strict):
     max_total_tokens: int = Field(65536, gt=0, description="Per-session token cap.")
     max_wall_s: float = Field(1800.0, gt=0)
     keepalive_s: float = Field(15.0, gt=0, description="SSE keep-alive comment interval.")
-    tool_call_format: Literal["hermes", "qwen3_coder"] = "hermes"
+    tool_call_format: Literal["hermes", "qwen3_coder", "llama3_json"] = Field(
+        "hermes", description="How the model writes tool calls, named after the vLLM tool parser that reads them."
+    )
+    chat_template: str | None = Field(
+        None, description="A Jinja chat template file used instead of the tokenizer's (one that renders tools, say)."
+    )
 
 
 class HarnessToolsConfig(Strict):
@@ -286,6 +291,18 @@ class FleetConfig(Strict):
         "location",
         description="location: servers load the published directory themselves (shared storage); stream: the "
         "trainer streams it to each server over gRPC StreamWeights (no shared storage needed).",
+    )
+    weights_full_every: int = Field(
+        1,
+        ge=1,
+        description="Publish a full checkpoint every this many versions and, between them, only the elements that "
+        "changed (bit-exact, checked by digest; servers that fell behind catch up from the last full one). 1: "
+        "every version in full.",
+    )
+    weights_relay: bool = Field(
+        False,
+        description="With weights_transport stream: send each version once, to the first server, which relays it "
+        "down the chain of servers (the trainer's link carries one copy, whatever the fleet's size).",
     )
 
 

@@ -189,7 +189,10 @@ class Trainer:
         self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=self.step)
         weights_dir = cfg.fleet.weights_dir or self.run_dir / "weights"
         # The engines sample in the learner's compute dtype: publishing in it halves the bytes of f32 masters.
-        publisher = DirectoryPublisher(weights_dir, keep=3, tokenizer_from=model_dir, dtype=cfg.model.compute_dtype)
+        publisher = DirectoryPublisher(
+            weights_dir, keep=3, tokenizer_from=model_dir, dtype=cfg.model.compute_dtype,
+            full_every=cfg.fleet.weights_full_every,
+        )
         # Step-0 rollouts must see the learner's real weights: publish before any rollout.
         location = await asyncio.to_thread(publisher.publish, learner.model(), self.version)
         progress = _progress(cfg.total_steps, self.step, self.progress)
@@ -230,7 +233,7 @@ class Trainer:
             return fleet
         from legorl_jax.train.weight_stream import WeightStreamer
 
-        return WeightStreamer(fleet.addresses, security=fleet.security)
+        return WeightStreamer(fleet.addresses, security=fleet.security, relay=self.config.fleet.weights_relay)
 
     async def _steps(
         self, fleet, subscribers, sampler, learner, checkpoints, publisher, runlog, rng, eval_ids, choices, progress

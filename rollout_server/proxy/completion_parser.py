@@ -1,7 +1,10 @@
 """Completion text -> reasoning, content and tool calls, in the model's own format.
 
-Formats: `hermes` (Qwen3, Hermes: `<tool_call>{"name": .., "arguments": {..}}</tool_call>`)
-and `qwen3_coder` (`<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>`).
+Each format is named after the vLLM tool parser that reads the same output:
+`hermes` (Qwen3, Hermes: `<tool_call>{"name": .., "arguments": {..}}</tool_call>`),
+`qwen3_coder` (`<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>`)
+and `llama3_json` (Llama 3.x: `{"name": .., "parameters": {..}}` objects, several
+separated by `;`, optionally after `<|python_tag|>`).
 A malformed tool call is the policy's mistake, not the environment's: the
 whole text goes back as plain content and `parse_error` says what was wrong,
 so the trajectory still trains on it.
@@ -16,10 +19,11 @@ from typing import Any, Literal
 
 from rollout_server.proxy.conversation import AssistantOutput, ToolCall, ToolSpec
 
-ToolCallFormat = Literal["hermes", "qwen3_coder"]
+ToolCallFormat = Literal["hermes", "qwen3_coder", "llama3_json"]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
 _CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 _FUNCTION = re.compile(r"^\s*<function=([^>\n]+)>(.*)</function>\s*$", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
@@ -33,12 +37,15 @@ def _no_constants(name: str) -> Any:
     raise ToolCallParseError(f"{name} is not JSON")
 
 
+# Standard JSON only: Python's NaN / Infinity would not survive the trip back to the harness.
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+
+
 def _loads(text: str) -> Any:
-    """Standard JSON only: Python's NaN / Infinity would not survive the trip
-    back to the harness. Nesting too deep to parse is no JSON here either: a
+    """Standard JSON only. Nesting too deep to parse is no JSON here either: a
     policy that emits it gets a parse error, and its turn is still captured."""
     try:
-        return json.loads(text, parse_constant=_no_constants)
+        return _DECODER.decode(text)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 
@@ -69,11 +76,15 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
     return None, text
 
 
-def _hermes_call(block: str) -> tuple[str, dict[str, Any]]:
-    obj = _tool_json(block, "tool call")
+Call = tuple[str, dict[str, Any]]
+
+
+def _json_call(obj: Any, args_keys: tuple[str, ...]) -> Call:
+    """A call from its JSON object: a string `name` and the arguments under
+    the first of `args_keys` it has (none: no arguments)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         raise ToolCallParseError("tool call JSON lacks a string 'name'")
-    args = obj.get("arguments", {})
+    args = next((obj[key] for key in args_keys if key in obj), {})
     if isinstance(args, str):  # some models double-encode the arguments
         args = _tool_json(args, "tool call arguments")
     if not isinstance(args, dict):
@@ -92,7 +103,7 @@ def _coerce(value: str, schema: dict[str, Any]) -> Any:
         return value
 
 
-def _xml_call(block: str, tools: dict[str, ToolSpec]) -> tuple[str, dict[str, Any]]:
+def _xml_call(block: str, tools: dict[str, ToolSpec]) -> Call:
     match = _FUNCTION.match(block)
     if match is None:
         raise ToolCallParseError("tool call lacks <function=NAME>...</function>")
@@ -107,6 +118,55 @@ def _xml_call(block: str, tools: dict[str, ToolSpec]) -> tuple[str, dict[str, An
     return name, args
 
 
+def _tagged_calls(rest: str, read: Callable[[str], Call]) -> tuple[str, list[Call]] | None:
+    """`hermes` and `qwen3_coder`: every `<tool_call>` block read by `read`, the text around them the content."""
+    if CALL_OPEN not in rest:
+        return None
+    blocks = _CALL_BLOCK.findall(rest)
+    if rest.count(CALL_OPEN) != len(blocks):
+        raise ToolCallParseError("unterminated <tool_call>")
+    return _CALL_BLOCK.sub("", rest).strip(), [read(block) for block in blocks]
+
+
+def _llama3_json_calls(rest: str, offered: bool) -> tuple[str, list[Call]] | None:
+    """`llama3_json`: after `<|python_tag|>` (the text before it is the
+    content), or as the whole completion when it opens with `{` and tools were
+    offered (a JSON answer to a request without tools is an answer), JSON call
+    objects separated by `;`. Each object is read as JSON, not split at `;`
+    first: a shell command in the arguments holds semicolons."""
+    head, tag, body = rest.partition(PYTHON_TAG)
+    if not tag:
+        if not (offered and rest.lstrip().startswith("{")):
+            return None
+        head, body = "", rest
+    calls: list[Call] = []
+    at = _skip_space(body, 0)
+    while at < len(body):
+        try:
+            obj, at = _DECODER.raw_decode(body, at)
+        except RecursionError:
+            raise ToolCallParseError("tool call is not JSON: JSON nested too deeply") from None
+        except ToolCallParseError:
+            raise
+        except ValueError as exc:
+            raise ToolCallParseError(f"tool call is not JSON: {exc}") from exc
+        calls.append(_json_call(obj, ("arguments", "parameters")))  # as vLLM reads them
+        at = _skip_space(body, at)
+        if at < len(body):
+            if body[at] != ";":
+                raise ToolCallParseError(f"text after a tool call: {body[at:at + 20]!r} (calls are separated by ';')")
+            at = _skip_space(body, at + 1)
+    if not calls:
+        raise ToolCallParseError(f"no tool call after {PYTHON_TAG}")
+    return head.strip(), calls
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
 def parse_completion(
     text: str,
     fmt: ToolCallFormat,
@@ -114,17 +174,17 @@ def parse_completion(
     new_call_id: Callable[[], str],
 ) -> AssistantOutput:
     reasoning, rest = split_reasoning(text)
-    if CALL_OPEN not in rest:
-        return AssistantOutput(rest.strip(), reasoning, ())
-    by_name = {t.name: t for t in tools}
-    calls: list[ToolCall] = []
     try:
-        if rest.count(CALL_OPEN) != len(_CALL_BLOCK.findall(rest)):
-            raise ToolCallParseError("unterminated <tool_call>")
-        for block in _CALL_BLOCK.findall(rest):
-            name, args = _hermes_call(block) if fmt == "hermes" else _xml_call(block, by_name)
-            calls.append(ToolCall(new_call_id(), name, args))
+        if fmt == "llama3_json":
+            parsed = _llama3_json_calls(rest, bool(tools))
+        elif fmt == "hermes":
+            parsed = _tagged_calls(rest, lambda block: _json_call(_tool_json(block, "tool call"), ("arguments",)))
+        else:
+            by_name = {t.name: t for t in tools}
+            parsed = _tagged_calls(rest, lambda block: _xml_call(block, by_name))
     except ToolCallParseError as exc:
         return AssistantOutput(rest.strip(), reasoning, (), parse_error=str(exc))
-    content = _CALL_BLOCK.sub("", rest).strip()
-    return AssistantOutput(content, reasoning, tuple(calls))
+    if parsed is None:
+        return AssistantOutput(rest.strip(), reasoning, ())
+    content, calls = parsed
+    return AssistantOutput(content, reasoning, tuple(ToolCall(new_call_id(), name, args) for name, args in calls))

@@ -83,6 +83,16 @@ _PROBE_TOOLS = [{"type": "function", "function": {"name": "f", "description": "d
     "type": "object", "properties": {"a": {"type": "string"}}}}}]
 
 
+# How to give the proxy another chat template (a Jinja file), as vLLM's --chat-template does.
+TEMPLATE_OVERRIDE = "`legorl proxy --chat-template FILE`, or `proxy.chat_template: FILE` in the config"
+NO_TOOLS = ("the request offers tools, but the model's chat template renders none, so the model would never see "
+            f"them; give the proxy a chat template that renders tools: {TEMPLATE_OVERRIDE}")
+
+
+def _unusable(problem: str) -> ValueError:
+    return ValueError(f"chat template: {problem}; give the proxy one that works: {TEMPLATE_OVERRIDE}")
+
+
 @dataclass(frozen=True)
 class SampledTurn:
     """One assistant turn as the engine produced it. `ids` start right after
@@ -132,11 +142,13 @@ class _Spliced:
 
 class ChatTemplate:
     """A tokenizer with its chat template, and what the cut-and-splice needs
-    to know about the template (assistant header, turn-end token)."""
+    to know about the template (assistant header, turn-end token), and
+    whether it renders tools at all. A template the proxy cannot use fails
+    here, with a message saying how to give it another."""
 
     def __init__(self, tokenizer: Any) -> None:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template")
+            raise _unusable("the tokenizer has none")
         self.tokenizer = tokenizer
         self._cache = _EncodeCache(_CACHE_BYTES)
         self._encode, self._encode_text, self._decode = _codec(tokenizer)
@@ -149,25 +161,52 @@ class ChatTemplate:
         self._added = re.compile(alternation)
         # Whether an added token spelled in a JSON string reads the same in its JSON text (nothing to escape).
         self._json_spells_as_text = all(orjson.dumps(text).decode()[1:-1] == text for text in self._added_texts)
-        self._check_added_tokens()
+        try:
+            self._check_added_tokens()
+            self.header, self.turn_end_id, self.turn_end_text = self._turn_shape()
+            # A template that renders nothing of the tools leaves the model blind to them: such calls are refused.
+            base = [{"role": "user", "content": "x"}]
+            self.renders_tools = self._apply(base, _PROBE_TOOLS, True, True) != self._apply(base, None, True, True)
+        except (TemplateError, TypeError) as exc:  # e.g. a template that refuses tool messages
+            raise _unusable(f"it cannot render a conversation of system, user, assistant and tool messages "
+                            f"with a tool: {exc}") from exc
+        # Whether a memo can be extended, and whether that render needs the tools, and the system message.
+        self.incremental, self._suffix_without_tools, self._suffix_without_system = self._local_suffixes()
+        self._prompts_extend = self.incremental and self._holds(self._prompt_prefixes_stay)
+
+    def _turn_shape(self) -> tuple[str, int, str]:
+        """The assistant header (the generation prompt), and the turn-end
+        token's id and text: where the splice cuts a sampled turn."""
         base = [{"role": "user", "content": "x"}]
         with_prompt = self._apply(base, None, True, True)
         without = self._apply(base, None, False, True)
         if not with_prompt.startswith(without) or with_prompt == without:
-            raise ValueError("chat template: the generation prompt does not extend the rendered conversation")
-        self.header = with_prompt[len(without):]
+            raise _unusable("its generation prompt does not extend the rendered conversation")
+        header = with_prompt[len(without):]
         sentinel = _SENTINEL.format(0)
         turn = self._apply([*base, {"role": "assistant", "content": sentinel}], None, False, True)
-        if self.header not in turn[: turn.find(sentinel)]:
-            raise ValueError(f"chat template: assistant turns do not start with the header {self.header!r}")
+        if header not in turn[: turn.find(sentinel)]:
+            raise _unusable(f"its assistant turns do not start with the generation prompt {header!r}")
         after = turn[turn.find(sentinel) + len(sentinel):]
-        self.turn_end_id = self.tokenizer.encode(after, add_special_tokens=False)[0]
-        self.turn_end_text = self.tokenizer.decode([self.turn_end_id])
-        if not after.startswith(self.turn_end_text) or self.turn_end_id not in self.tokenizer.all_special_ids:
-            raise ValueError(f"chat template: assistant turns do not end with a special token (got {after!r})")
-        # Whether a memo can be extended, and whether that render needs the tools, and the system message.
-        self.incremental, self._suffix_without_tools, self._suffix_without_system = self._local_suffixes()
-        self._prompts_extend = self.incremental and self._holds(self._prompt_prefixes_stay)
+        end_ids = self.tokenizer.encode(after, add_special_tokens=False)
+        end_text = self.tokenizer.decode(end_ids[:1])
+        if not end_ids or not after.startswith(end_text) or end_ids[0] not in self.tokenizer.all_special_ids:
+            raise _unusable(f"its assistant turns do not end with a special token (got {after!r} after the content)")
+        return header, end_ids[0], end_text
+
+    def call_text(self) -> str | None:
+        """How the template writes an assistant turn that calls the probe's
+        tool `f` with `{"a": "v"}`: the text between the assistant header and
+        the turn end (None when it cannot render one)."""
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": "v"}}}
+        messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        try:
+            text = self._apply(messages, _PROBE_TOOLS, False, True)
+        except (TemplateError, TypeError, ValueError):
+            return None
+        start = text.rfind(self.header)
+        end = text.find(self.turn_end_text, start) if start >= 0 else -1
+        return None if end < 0 else text[start + len(self.header):end]
 
     def _check_added_tokens(self) -> None:
         """That the tokenizer matches added tokens in text as `_encode_spelled`
@@ -319,6 +358,8 @@ class ChatTemplate:
         the memo is brought up to date either way."""
         if not any(m.role != "system" for m in request.messages):
             raise invalid("the conversation has no user, assistant or tool message")
+        if request.tools and not self.renders_tools:
+            raise invalid(NO_TOOLS)
         assistants = sum(m.role == "assistant" for m in request.messages)
         all_reused = assistants == len(matched)
         spliced = self._incremental(request, matched, enable_thinking, memo) if all_reused and memo is not None else None

@@ -4,21 +4,25 @@ and the record in the session's trajectory."""
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import get_args
 
 from legorl_jax.config import ProxyConfig
 
 from rollout_server.proxy.completion_parser import ToolCallFormat, parse_completion
-from rollout_server.proxy.conversation import AssistantOutput, ChatRequest
+from rollout_server.proxy.conversation import AssistantOutput, ChatRequest, ToolSpec
 from rollout_server.proxy.engine_client import EngineClient, SamplingParams
 from rollout_server.proxy.errors import ProxyError
-from rollout_server.proxy.render import ChatTemplate, Prompt, SampledTurn
+from rollout_server.proxy.render import TEMPLATE_OVERRIDE, ChatTemplate, Prompt, SampledTurn
 from rollout_server.proxy.session import Session, SessionCaps, SessionStore
 from rollout_server.proxy.trajectory import CallRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -178,17 +182,48 @@ def _reused_sampled(prompt: Prompt, logprobs: tuple[float | None, ...] | None) -
     return positions, finite
 
 
-def build_core(model_dir: str | Path, engine_url: str, *, served_model: str, max_context: int,
-               config: ProxyConfig | None = None) -> ProxyCore:
-    """A proxy core for the model in `model_dir` (its tokenizer and chat
-    template) in front of the engine at `engine_url`, with the config's caps
-    as every session's default."""
+def load_template(model_dir: str | Path, config: ProxyConfig) -> ChatTemplate:
+    """The tokenizer in `model_dir` with its chat template, or with the
+    template file `config.chat_template` instead. A template that renders no
+    tools is said at once: every request with tools will be refused."""
     from transformers import AutoTokenizer
 
-    cfg = config or ProxyConfig()
     # A local directory only: the proxy never fetches from a model hub.
-    template = ChatTemplate(AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    if config.chat_template is not None:
+        try:
+            tokenizer.chat_template = Path(config.chat_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"chat template file {config.chat_template}: {exc}") from None
+        if not tokenizer.chat_template.strip():
+            raise ValueError(f"chat template file {config.chat_template} is empty")
+    template = ChatTemplate(tokenizer)
+    source = config.chat_template or f"the tokenizer of {model_dir}"
+    if not template.renders_tools:
+        log.warning("the chat template of %s renders no tools: requests that offer tools will be refused (400); "
+                    "give the proxy one that renders tools: %s", source, TEMPLATE_OVERRIDE)
+    elif (text := template.call_text()) is not None and not _reads_call(text, config.tool_call_format):
+        # The model learnt its calls from this template: a parser that cannot read them takes them for prose.
+        readers = [fmt for fmt in get_args(ToolCallFormat) if _reads_call(text, fmt)]
+        log.warning("the chat template of %s writes tool calls as %r, which proxy.tool_call_format %r does not "
+                    "read: the model's calls would reach the harness as text%s", source, text,
+                    config.tool_call_format, f"; {' or '.join(readers)} does" if readers else "")
+    return template
+
+
+def _reads_call(text: str, fmt: ToolCallFormat) -> bool:
+    """Whether `fmt` reads `text` (see `ChatTemplate.call_text`) as the call it is."""
+    output = parse_completion(text, fmt, [ToolSpec("f", "d", {"type": "object"})], lambda: "c")
+    return [(c.name, c.arguments) for c in output.tool_calls] == [("f", {"a": "v"})]
+
+
+def build_core(model_dir: str | Path, engine_url: str, *, served_model: str, max_context: int,
+               config: ProxyConfig | None = None, template: ChatTemplate | None = None) -> ProxyCore:
+    """A proxy core for the model in `model_dir` (its tokenizer and chat
+    template, unless `template` is given, loaded already) in front of the
+    engine at `engine_url`, with the config's caps as every session's default."""
+    cfg = config or ProxyConfig()
     store = SessionStore(SessionCaps(max_model_calls=cfg.max_model_calls, max_total_tokens=cfg.max_total_tokens,
                                      max_wall_s=cfg.max_wall_s))
-    return ProxyCore(template, EngineClient(engine_url, served_model), store, max_context=max_context,
-                     tool_call_format=cfg.tool_call_format)
+    return ProxyCore(template or load_template(model_dir, cfg), EngineClient(engine_url, served_model), store,
+                     max_context=max_context, tool_call_format=cfg.tool_call_format)

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 HERE = Path(__file__).resolve().parent
 
@@ -95,12 +97,16 @@ def test_sigkill_then_rerun_continues_without_losing_or_repeating_steps(model_di
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit())[-1] == "4"
 
 
-def test_streamed_weights_to_a_chosen_directory(model_dir: Path, tmp_path: Path) -> None:
-    """weights_transport=stream: the fleet loads every version over StreamWeights, not from the path."""
+@pytest.mark.parametrize("deltas", [False, True], ids=["full", "deltas-relayed"])
+def test_streamed_weights_to_a_chosen_directory(model_dir: Path, tmp_path: Path, deltas: bool) -> None:
+    """weights_transport=stream: the fleet loads every version over StreamWeights, not from the path;
+    with deltas, versions between full checkpoints carry only what changed, relayed down the servers."""
     weights = tmp_path / "published"
     command = train_command(model_dir, tmp_path, steps=2) + [
         "--set", "fleet.weights_transport=stream", "--set", f"fleet.weights_dir={weights}", "--verbose",
     ]
+    if deltas:
+        command += ["--set", "fleet.weights_full_every=2", "--set", "fleet.weights_relay=true"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "policy version 2 loaded (streamed)" in done.stderr

@@ -30,8 +30,14 @@ def template(tokenizer: Any) -> ChatTemplate:
 @pytest.fixture(autouse=True)
 def incremental_renders(template: ChatTemplate, monkeypatch: pytest.MonkeyPatch) -> list[Prompt]:
     """Every render in every proxy test that took the incremental path is
-    checked against a full render of the same call: same ids, same reused
-    turns at the same places. Returns those renders."""
+    checked against a full render of the same call. Returns those renders."""
+    return checked_renders(template, monkeypatch)
+
+
+def checked_renders(template: ChatTemplate, monkeypatch: pytest.MonkeyPatch) -> list[Prompt]:
+    """Makes each render of `template` that takes the incremental path check
+    itself against a full render of the same call: same ids, same reused
+    turns at the same places. Returns those renders, as they are made."""
     checked: list[Prompt] = []
     render = template.render
 

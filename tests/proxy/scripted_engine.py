@@ -49,9 +49,11 @@ class EngineLog:
 class ScriptedEngine:
     """Replies pop from `script`; with it empty, `default` answers every call."""
 
-    def __init__(self, tokenizer: Any, default: str = "ok") -> None:
+    def __init__(self, tokenizer: Any, default: str = "ok", *, end_token: str = "<|im_end|>",
+                 max_model_len: int | None = 4096) -> None:
         self.tokenizer = tokenizer
-        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.end_id = tokenizer.convert_tokens_to_ids(end_token)
+        self.max_model_len = max_model_len
         self.script: deque[Scripted] = deque()
         self.default = Scripted(default)
         self.log = EngineLog()
@@ -144,7 +146,7 @@ class ScriptedEngine:
         return Response(status_code=500 if self.down else 200)
 
     async def _models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "scripted", "object": "model", "max_model_len": 4096}]})
+        return JSONResponse({"object": "list", "data": [{"id": "scripted", "object": "model", "max_model_len": self.max_model_len}]})
 
     async def _tokenize(self, request: Request) -> Response:
         body = await request.json()
@@ -152,10 +154,10 @@ class ScriptedEngine:
 
 
 class ServerThread:
-    """An ASGI app under uvicorn in a daemon thread, on a free local port."""
+    """An ASGI app under uvicorn in a daemon thread, on a free local port (or on `port`)."""
 
-    def __init__(self, app: Any) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    def __init__(self, app: Any, port: int = 0) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

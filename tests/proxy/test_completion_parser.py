@@ -86,3 +86,50 @@ def test_tool_call_nested_too_deeply_is_a_parse_error() -> None:
     for block in ("[" * 5_000 + "]" * 5_000, '{"name": "f", "arguments": "' + "[" * 5_000 + "]" * 5_000 + '"}'):
         out = parse_completion(f"<tool_call>\n{block}\n</tool_call>", "hermes", [], lambda: "c")
         assert out.tool_calls == () and out.parse_error is not None and "deep" in out.parse_error
+
+
+def test_llama3_json_single_and_several_calls() -> None:
+    single = '{"name": "edit", "parameters": {"path": "a.py", "line": 3}}'
+    out = parse_completion(single, "llama3_json", TOOLS, ids())
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("edit", {"path": "a.py", "line": 3})]
+    assert out.content == "" and out.parse_error is None
+    # Several calls separated by `;`; a `;` inside an argument (a shell command) is the argument's.
+    several = ('{"name": "edit", "parameters": {"text": "cd src; ls"}} ; {"name": "edit", "arguments": {"dry": true}}'
+               ";\n")
+    out = parse_completion(several, "llama3_json", TOOLS, ids())
+    assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [
+        ("call_0", "edit", {"text": "cd src; ls"}), ("call_1", "edit", {"dry": True})]
+
+
+def test_llama3_json_calls_after_python_tag_with_prose_and_reasoning() -> None:
+    text = ('<think>look</think>\n\nLet me edit.<|python_tag|>{"name": "edit", "parameters": {"path": "a.py"}}; '
+            '{"name": "edit", "parameters": "{\\"path\\": \\"b.py\\"}"}')
+    out = parse_completion(text, "llama3_json", TOOLS, ids())
+    assert out.reasoning == "look" and out.content == "Let me edit."
+    assert [c.arguments for c in out.tool_calls] == [{"path": "a.py"}, {"path": "b.py"}]
+    # After `<|python_tag|>` it is a call even in a request without tools: the model meant one.
+    assert parse_completion('<|python_tag|>{"name": "f", "parameters": {}}', "llama3_json", [], ids()).tool_calls
+
+
+def test_llama3_json_plain_answers_are_content() -> None:
+    for text in ("The answer is 4.", "I'd write {x} here."):
+        out = parse_completion(text, "llama3_json", TOOLS, ids())
+        assert out.content == text and out.tool_calls == () and out.parse_error is None
+    # A JSON answer to a request that offered no tools is an answer, not a malformed call.
+    out = parse_completion('{"answer": 4}', "llama3_json", [], ids())
+    assert out.content == '{"answer": 4}' and out.tool_calls == () and out.parse_error is None
+
+
+@pytest.mark.parametrize("text, error", [
+    ('{"name": "edit", "parameters": {"path": ', "not JSON"),
+    ('{"parameters": {}}', "lacks a string 'name'"),
+    ('{"name": "edit", "parameters": [1]}', "not a JSON object"),
+    ('{"name": "edit", "parameters": {}} and then some prose', "separated by ';'"),
+    ('Sure.<|python_tag|>', "no tool call"),
+    ('<|python_tag|>{"name": "edit", "parameters": {"line": NaN}}', "NaN is not JSON"),
+    ('<|python_tag|>' + "[" * 5_000 + "]" * 5_000, "deep"),
+])
+def test_malformed_llama3_json_call_is_content_with_parse_error(text: str, error: str) -> None:
+    out = parse_completion(text, "llama3_json", TOOLS, ids())
+    assert out.tool_calls == () and out.content == text.strip()
+    assert out.parse_error is not None and error in out.parse_error
