@@ -284,6 +284,8 @@ def _fill_capture(out: pb.Trajectory, capture: Capture) -> None:
                 policy_version=seq.policy_version,
                 side_call=capture.is_side(seq),
                 num_model_calls=len(seq.calls),
+                root_reason=capture.root_reason(seq),
+                recomputed_tokens=sum(capture.calls[i].recomputed_tokens for i in seq.calls),
             )
         )
     out.metrics.model_calls = metrics["model_calls"]

@@ -127,6 +127,8 @@ class RolloutLog:
             "policy_version": seq.policy_version,
             "side_call": seq.side_call,
             "model_calls": seq.num_model_calls,
+            "root_reason": seq.root_reason,
+            "recomputed_tokens": seq.recomputed_tokens,
         }
 
     def record(

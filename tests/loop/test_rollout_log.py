@@ -64,6 +64,7 @@ def test_records_decode_sampled_text_and_resume_cuts_back(tokenizer_dir: Path, t
         sequences=[pb.TokenSequence(
             token_ids=ids, loss_mask=[0] * len(prompt) + [1] * len(answer),
             behavior_logprobs=[0.0] * len(prompt) + [-0.123456] * len(answer), policy_version=3, num_model_calls=1,
+            root_reason="history_rewritten", recomputed_tokens=2,
         )],
     )
     ungraded = pb.Trajectory(task_id="t2", status=pb.TRIAL_STATUS_ENV_FAILURE, error="image build failed")
@@ -84,6 +85,7 @@ def test_records_decode_sampled_text_and_resume_cuts_back(tokenizer_dir: Path, t
     assert "".join(seq["pieces"][len(prompt):]) == "ls -la"
     assert seq["logprobs"] == [-0.1235] * len(answer)  # sampled tokens only, rounded
     assert seq["advantage"] == 0.75 and seq["policy_version"] == 3 and seq["model_calls"] == 1
+    assert (seq["root_reason"], seq["recomputed_tokens"]) == ("history_rewritten", 2)
     assert lines[1]["reward"] is None and lines[1]["status"] == "env_failure" and lines[1]["error"]
     assert lines[1]["sequences"] == []
     assert lines[2]["sequences"][0]["advantage"] is None  # evaluations are not trained

@@ -114,6 +114,7 @@ def test_cli_trial_in_docker_is_graded(
     assert trajectory.metrics.model_calls == 2, [p[-300:] for p in prompts]
     (sequence,) = [s for s in trajectory.sequences if not s.side_call]
     assert sequence.num_model_calls == 2  # the tool turn and the final turn merged into one sequence
+    assert (sequence.root_reason, sequence.recomputed_tokens) == ("first_call", 0)
     # Every token the engine sampled is captured once, in order, with its logprob.
     sampled = [(t, lp) for t, m, lp in zip(sequence.token_ids, sequence.loss_mask, sequence.behavior_logprobs) if m]
     assert [t for t, _ in sampled] == [t for r in replies for t in r["token_ids"]]

@@ -305,8 +305,15 @@ function renderSequence(seq, k, total) {
   notes.push(seq.advantage === null || seq.advantage === undefined ? "not trained" : `trained with advantage ${fmt(seq.advantage, 4)}`);
   notes.push(`policy version ${seq.policy_version}`);
   if (seq.model_calls > 1) notes.push(`the proxy merged ${seq.model_calls} model calls into this sequence`);
-  if (k > 0) notes.push("forked: a new sequence because the history did not extend the previous one");
-  if (seq.side_call) notes.push("side call");
+  const forks = {
+    history_rewritten: "forked: the harness rewrote earlier turns, so the history did not extend the previous sequence",
+    restart: "forked: the harness started over without earlier turns",
+    side_call: "side call (another system prompt or tool set)",
+  };
+  if (forks[seq.root_reason]) notes.push(forks[seq.root_reason]);
+  else if (k > 0 && !seq.root_reason) notes.push("forked: a new sequence because the history did not extend the previous one");
+  else if (seq.side_call) notes.push("side call");
+  if (seq.recomputed_tokens > 0) notes.push(`${seq.recomputed_tokens} reused tokens trained with logprobs the engine recomputed`);
   const box = el("section", { class: "sequence", id: `seq-${k}` },
     el("h3", {}, `sequence ${k + 1} of ${total}`, el("span", { class: "note", text: notes.join(" · ") })));
   let pos = 0;
