@@ -103,6 +103,9 @@ class LearnerConfig(Strict):
     overlong: Literal["truncate", "drop"] = Field(
         "truncate", description="What happens to a sequence longer than the largest bucket."
     )
+    share_prefixes: bool = Field(
+        True, description="Compute prompt prefixes that sequences share (system, tools, task) once per micro-batch."
+    )
 
 
 class SamplingConfig(Strict):

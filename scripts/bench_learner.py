@@ -14,6 +14,16 @@ mesh, tokens/s, MFU, step-time split) goes to stdout and to --out.
 
     .venv/bin/python scripts/bench_learner.py --size 100m --seq-len 1024
     .venv/bin/python scripts/bench_learner.py --size small --dtype bfloat16 --out bench.json
+
+`--shared-prefix` instead compares prefix-shared (tree) packing with unshared
+packing of the same step in the same run: groups of 8 with a 16k-token prompt
+and 1k-token continuations, and a mixed step (4 harness configurations × 4
+tasks × 8 members: a 12k system prefix, 500 tokens of task text, 1k
+continuations). Step time, peak memory of the compiled micro-step and the loss
+of each; `--scale N` divides every length by N for machines where the full
+size would take too long.
+
+    .venv/bin/python scripts/bench_learner.py --shared-prefix --scale 16
 """
 
 from __future__ import annotations
@@ -89,6 +99,91 @@ def synthetic_step(rows: int, seq_len: int, vocab: int, per_row: int, seed: int 
         behav = np.where(mask, -np.log(vocab) + rng.normal(0, 0.1, length), 0.0).astype(np.float32)
         seqs.append(TrainSequence(rng.integers(0, vocab, length).astype(np.int32), mask, behav, float(i % 2 * 2 - 1)))
     return seqs
+
+
+def prefix_groups(
+    configs: int, tasks: int, members: int, system: int, task: int, continuation: int, vocab: int, seed: int = 0
+) -> list[TrainSequence]:
+    """Sequences of `configs` harness configurations (a shared system prefix) × `tasks`
+    (a shared task text) × `members`, each member with its own sampled continuation."""
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for _ in range(configs):
+        prefix = rng.integers(0, vocab, system)
+        for _ in range(tasks):
+            prompt = np.concatenate([prefix, rng.integers(0, vocab, task)])
+            for m in range(members):
+                tokens = np.concatenate([prompt, rng.integers(0, vocab, continuation)]).astype(np.int32)
+                mask = np.arange(len(tokens)) >= len(prompt)
+                behav = np.where(mask, -np.log(vocab) + rng.normal(0, 0.1, len(tokens)), 0.0).astype(np.float32)
+                seqs.append(TrainSequence(tokens, mask, behav, float(m % 2 * 2 - 1)))
+    return seqs
+
+
+SHARED_CASES = {
+    "groups_of_8": dict(configs=1, tasks=1, members=8, system=16384, task=0, continuation=1024),
+    "mixed": dict(configs=4, tasks=4, members=8, system=12288, task=500, continuation=1024),
+}
+
+
+def micro_step_peak_bytes(learner: Learner, packed: Any) -> int:
+    """Largest temporary + argument footprint XLA plans for the step's micro-step shapes."""
+    coef = jnp.float32(0.0)
+    peak = 0
+    with jax.set_mesh(learner.mesh):
+        for mb in {(mb.tokens.shape, mb.tree): mb for mb in packed.micro_batches}.values():
+            lowered = learner._micro.lower(learner.params, learner.ref_params, learner._zero_acc(),
+                                           learner.device_batch(mb), coef)
+            mem = lowered.compile().memory_analysis()
+            peak = max(peak, int(mem.temp_size_in_bytes + mem.argument_size_in_bytes))
+    return peak
+
+
+def run_shared_prefix(args: argparse.Namespace) -> dict[str, Any]:
+    """Tree packing against unshared packing of the same steps, same model, same run."""
+    mesh = learner_mesh(MeshConfig(fsdp=-1, tensor=args.tensor))
+    cfg = ModelConfig(architecture="qwen3", qk_norm=True, tie_word_embeddings=True, param_dtype="float32",
+                      compute_dtype=args.dtype, remat=args.remat, **SIZES[args.size])
+    model = CausalLM(cfg, rngs=nnx.Rngs(0))
+    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    report: dict[str, Any] = {
+        "model": {"size": args.size, "params": int(n_params), "dtype": args.dtype, "remat": args.remat},
+        "scale": args.scale, "platform": jax.devices()[0].platform, "host_cpus": os.cpu_count(), "cases": {},
+    }
+    for name in args.cases:
+        lengths = {k: v if k in ("configs", "tasks", "members") else -(-v // args.scale)
+                   for k, v in SHARED_CASES[name].items()}
+        seqs = prefix_groups(**lengths, vocab=cfg.vocab_size)
+        # Rows up to twice a sequence: a group's tree (or a part of it, each with the prefix) fits one row;
+        # one row of the largest bucket per micro-batch bounds memory alike for both packings.
+        unit = -(-len(seqs[0].token_ids) // 128) * 128
+        buckets = sorted({unit * k // 4 // 128 * 128 for k in range(4, 9)})
+        learners = {}
+        for share in (False, True):
+            lc = LearnerConfig(micro_batch_tokens=buckets[-1], length_buckets=buckets,
+                               logprob_chunk_size=args.chunk, share_prefixes=share)
+            learners["tree" if share else "unshared"] = Learner(model, RLConfig(), lc, mesh)
+        packed = {k: lr.pack(seqs) for k, lr in learners.items()}
+        losses: dict[str, list[float]] = {k: [] for k in learners}
+
+        def step(kind: str) -> None:
+            losses[kind].append(learners[kind].train_step(packed[kind])["loss"])
+
+        t = interleaved({k: (lambda k=k: step(k)) for k in learners}, args.repeats)
+        report["cases"][name] = {
+            "lengths": lengths, "sequences": len(seqs), "buckets": buckets,
+            **{k: {"step_s": t[k], "loss_first_step": losses[k][0],
+                   "computed_tokens": packed[k].stats["batch/computed_tokens"],
+                   "represented_tokens": packed[k].stats["batch/tokens"],
+                   "shared_token_frac": packed[k].stats["batch/shared_token_frac"],
+                   "micro_batches": len(packed[k].micro_batches),
+                   "micro_step_peak_mib": micro_step_peak_bytes(learners[k], packed[k]) / 2**20}
+               for k in learners},
+            "tree_over_unshared_time": t["tree"] / t["unshared"],
+            "loss_rel_diff": abs(losses["tree"][0] - losses["unshared"][0]) / abs(losses["unshared"][0]),
+        }
+        del learners, packed
+    return report
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -180,10 +275,13 @@ def main() -> None:
     parser.add_argument("--matmul-n", type=int, default=2048, help="Matmul size for the peak measurement.")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="", help="Also write the JSON report here.")
+    parser.add_argument("--shared-prefix", action="store_true", help="Tree packing vs unshared packing.")
+    parser.add_argument("--scale", type=int, default=1, help="--shared-prefix: divide every length by this.")
+    parser.add_argument("--cases", nargs="+", choices=sorted(SHARED_CASES), default=sorted(SHARED_CASES))
     args = parser.parse_args()
     if args.seq_len % args.per_row:
         parser.error("--seq-len must be a multiple of --per-row")
-    report = run(args)
+    report = run_shared_prefix(args) if args.shared_prefix else run(args)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

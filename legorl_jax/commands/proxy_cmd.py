@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from legorl_jax.commands import add_config_arguments
-from legorl_jax.commands.serve_cmd import _grace_seconds, add_shutdown_grace_argument
+from legorl_jax.commands.serve_cmd import seconds_arg, add_shutdown_grace_argument
 
 DEFAULT_ENGINE_WAIT_S = 120.0
 # Seconds between the engine wait's tries, and between its progress lines.
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model id sent to the engine (default: the engine's, from /v1/models)")
     parser.add_argument("--max-context", type=_context_length, default=None,
                         help="context length in tokens (default: the engine's max_model_len, from /v1/models)")
-    parser.add_argument("--engine-wait-s", type=_grace_seconds, default=DEFAULT_ENGINE_WAIT_S, metavar="S",
+    parser.add_argument("--engine-wait-s", type=seconds_arg, default=DEFAULT_ENGINE_WAIT_S, metavar="S",
                         help="seconds to wait at start for the engine to answer /v1/models, when the model id or "
                              f"the context is to come from it (default: {DEFAULT_ENGINE_WAIT_S:g})")
     add_shutdown_grace_argument(parser)

@@ -10,7 +10,8 @@ from pathlib import Path
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 
 
-def _grace_seconds(text: str) -> float:
+def seconds_arg(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
     value = float(text)
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
@@ -21,7 +22,7 @@ def add_shutdown_grace_argument(parser: argparse.ArgumentParser) -> None:
     """--shutdown-grace-s, shared with `legorl proxy`."""
     parser.add_argument(
         "--shutdown-grace-s",
-        type=_grace_seconds,
+        type=seconds_arg,
         default=DEFAULT_SHUTDOWN_GRACE_S,
         metavar="S",
         help="on SIGTERM/SIGINT, seconds in-flight requests may still run; then they end with an error "
@@ -34,10 +35,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None, help="model id clients send (default: the --model path)")
-    parser.add_argument("--max-num-seqs", type=int, default=32, help="KV-cache slots: sequences decoded together")
-    parser.add_argument("--max-model-len", type=int, default=4096, help="context length (prompt + completion)")
-    parser.add_argument("--max-chunk", type=int, default=256, help="largest prefill chunk per step")
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together")
+    parser.add_argument(
+        "--max-model-len", type=int, default=32768,
+        help="context length (prompt + completion); costs nothing until used: memory is the KV pool",
+    )  # fmt: skip
+    parser.add_argument("--max-chunk", type=int, default=512, help="largest prefill chunk per step")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument(
+        "--kv-cache-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+        help="K/V storage (auto: the compute dtype)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kv-cache-memory-bytes", type=int, default=None, metavar="N",
+        help="bytes of the KV-cache pool (default: the weights' size, or one --max-model-len sequence if more); "
+        "requests beyond it wait",
+    )  # fmt: skip
     parser.add_argument(
         "--return-tokens-as-token-ids",
         action="store_true",
@@ -47,8 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("max_num_seqs", "max_model_len", "max_chunk"):
-        if getattr(args, name) <= 0:
+    for name in ("max_num_seqs", "max_model_len", "max_chunk", "kv_cache_memory_bytes"):
+        if (getattr(args, name) or 1) <= 0:
             raise SystemExit(f"legorl serve: --{name.replace('_', '-')} must be positive")
     # Checked before the heavy imports, so a wrong path fails in well under a second.
     if not (Path(args.model) / "config.json").is_file():
@@ -65,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
             max_len=args.max_model_len,
             max_chunk=args.max_chunk,
             dtype=args.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
             served_name=args.served_model_name,
         )
     except WeightsError as exc:

@@ -16,14 +16,17 @@ Public API (import from `legorl_jax.models`):
   - `model.hidden(tokens, positions=None, segment_ids=None) -> (hidden[B, T, D], aux)`;
     aux has "router_aux_loss" for MoE (unscaled; scale by
     `config.router_aux_loss_coef`). `model.logits(hidden) -> float32`.
-  - `model.decode(tokens, positions, cache) -> (float32[B, T, V] logits, KVCache)`:
-    prefill (T = chunk) and decode (T = 1) over a slot-per-row KV cache. Each
-    token's K/V goes to index `position` of its row; a query at position p
-    attends to slots 0..p of its row; position -1 is padding (not written,
-    logits meaningless). Static shapes: jit it once per (B, T).
+  - `model.decode(tokens, positions, cache, block_table=None, last=None) -> (float32[B, T, V] logits, KVCache)`:
+    prefill (T = chunk) and decode (T = 1) over a pool of KV blocks. Row b's
+    positions live in blocks block_table[b] (int32[B, N]; attention reads only
+    those N blocks); without a table row b is block b (slot per row). Each
+    token's K/V goes to its position; a query at position p attends to
+    positions 0..p of its row; position -1 is padding (not written, logits
+    meaningless). `last` int32[B] returns only those positions' logits
+    ([B, 1, V]). Static shapes: jit it once per (B, T, N).
   - `model.config: ModelConfig`.
-- `init_kv_cache(config, batch, max_len, dtype=None) -> KVCache` (k, v:
-  [layers, batch, max_len, kv_heads, head_dim]).
+- `init_kv_cache(config, blocks, block_size, dtype=None) -> KVCache` (k, v:
+  [layers, blocks, block_size, kv_heads, head_dim]); `kv_cache.kv_bytes_per_token`.
 - `token_logprobs(model, tokens, *, positions=None, segment_ids=None,
   temperature=1.0, chunk_size=256) -> float32[B, T-1]`: log p(tokens[:, 1:]),
   computed over chunks of `chunk_size` tokens so [B, T, V] float32 logits

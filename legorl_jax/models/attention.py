@@ -19,6 +19,12 @@ What runs where (`attention_kernel`; "auto" is the default):
 "Training-shaped" means causal with queries and keys aligned at index 0 (no KV
 cache) and, for splash, the segment ids the mask was built from.
 
+Tree rows (shared prompt prefixes, `legorl_jax.rl.batching`): a token sees
+only its own prefix chain, a data-dependent mask. XLA and cuDNN read it from
+the boolean mask like any other. Splash cannot express it (its masks are
+static block patterns and it takes packing only as equal segment ids), so a
+tree call that would run splash runs XLA instead, and says so in the log.
+
 Sharding: a Pallas kernel is opaque to XLA's SPMD partitioner, so under a
 context mesh (`jax.set_mesh`) splash runs inside `jax.shard_map`: rows split
 over the `data`/`fsdp` axes, heads over `tensor`, each where it divides. With
@@ -34,6 +40,7 @@ here. `scripts/bench_attention.py` compares XLA and cuDNN on a GPU.
 
 from __future__ import annotations
 
+import logging
 import math
 from functools import partial
 from typing import Literal, get_args
@@ -47,6 +54,7 @@ from legorl_jax.models.config import AttentionKernel
 from legorl_jax.models.sharding import BATCH_AXES
 
 Implementation = Literal["xla", "cudnn", "splash"]
+logger = logging.getLogger(__name__)
 
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # The backend each explicit fused kernel needs, and how an error names it.
@@ -96,6 +104,7 @@ def attend(
     kernel: AttentionKernel,
     causal: bool,
     segment_ids: jax.Array | None = None,
+    tree: bool = False,
 ) -> jax.Array:
     """q[B, T, N, H], k/v[B, S, K, H] (N a multiple of K), mask bool[B, 1, T, S] -> [B, T, N, H].
 
@@ -103,11 +112,15 @@ def attend(
     keys aligned at index 0 (no KV cache): cuDNN then skips the blocks above
     the diagonal instead of computing and masking them. segment_ids int32[B, T]
     are the packing the mask was built from; splash reads them instead of it.
+    `tree` says the mask also limits keys to each query's prefix chain.
     """
     if causal or kernel == "cudnn":
         impl = resolve_kernel(kernel, q.dtype, q.shape[-1], q.shape[1] if causal and segment_ids is not None else None)
     else:
         impl = "xla"  # a KV-cache step: splash has no such form, and "auto" keeps XLA (module docstring)
+    if tree and impl == "splash":
+        logger.info("attention: tree rows run XLA, not splash (splash cannot express a prefix-chain mask)")
+        impl = "xla"
     k, v = k.astype(q.dtype), v.astype(q.dtype)
     if impl == "splash":
         assert segment_ids is not None  # resolve_kernel picks splash only given a row length, i.e. segment ids

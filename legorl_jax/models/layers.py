@@ -52,11 +52,13 @@ class Attention(nnx.Module):
         cache: LayerCache | None,
         positions: jax.Array,
         segment_ids: jax.Array | None,
+        tree: bool = False,
     ) -> tuple[jax.Array, LayerCache | None]:
         """x[B, T, D]; mask bool[B, 1, T, S]; with a cache, S is its length.
 
         segment_ids int32[B, T] (training steps) are the packing `mask` was
         built from: a kernel that takes them instead of a mask (splash) reads them.
+        `tree` says the mask also holds a trie's ancestor structure (see `attend`).
         """
         b, t, _ = x.shape
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
@@ -69,7 +71,7 @@ class Attention(nnx.Module):
             k, v = write_layer(cache[0], k, positions), write_layer(cache[1], v, positions)
             cache = (k, v)
         # The GQA head grouping is handled inside the kernel.
-        out = attend(q, k, v, mask, kernel=self.kernel, causal=cache is None, segment_ids=segment_ids)
+        out = attend(q, k, v, mask, kernel=self.kernel, causal=cache is None, segment_ids=segment_ids, tree=tree)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache
 
 
@@ -104,9 +106,10 @@ class DecoderLayer(nnx.Module):
         positions: jax.Array,
         valid: jax.Array,
         segment_ids: jax.Array | None,
+        tree: bool = False,
     ) -> tuple[jax.Array, LayerCache | None, RouterStats | None]:
         """valid bool[B, T] marks real (non-padding) tokens for router statistics."""
-        attn, cache = self.self_attn(self.input_layernorm(x), rope, mask, cache, positions, segment_ids)
+        attn, cache = self.self_attn(self.input_layernorm(x), rope, mask, cache, positions, segment_ids, tree)
         x = x + attn
         h = self.post_attention_layernorm(x)
         if isinstance(self.mlp, MoE):
@@ -115,12 +118,18 @@ class DecoderLayer(nnx.Module):
         return x + self.mlp(h), cache, None
 
 
-def causal_segment_mask(segment_ids: jax.Array) -> jax.Array:
-    """bool[B, 1, T, T]: causal by index within a row, and only within a segment."""
+def causal_segment_mask(segment_ids: jax.Array, kv_end: jax.Array | None = None) -> jax.Array:
+    """bool[B, 1, T, T]: causal by index within a row, and only within a segment.
+
+    kv_end int32[B, T] (tree rows) further limits key s to queries before
+    kv_end[s], the end of its subtree: a token then sees its own prefix chain.
+    """
     t = segment_ids.shape[1]
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return (causal[None] & same)[:, None]
+    mask = causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    if kv_end is not None:
+        mask &= jnp.arange(t, dtype=jnp.int32)[None, :, None] < kv_end[:, None, :]
+    return mask[:, None]
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:

@@ -27,6 +27,8 @@ def token_logprobs_with_aux(
     *,
     positions: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
+    kv_end: jax.Array | None = None,
+    pred_from: jax.Array | None = None,
     temperature: float = 1.0,
     chunk_size: int = 256,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -35,7 +37,9 @@ def token_logprobs_with_aux(
     Logits are divided by `temperature` before the softmax, as the engine does
     when it samples at that temperature (PITFALLS #7). With packed rows the
     entry at a segment boundary scores the next segment's first token and
-    should be masked by the caller.
+    should be masked by the caller. Tree rows (`kv_end`, see `CausalLM.hidden`)
+    give `pred_from` int32[B, T-1]: the row index whose hidden state predicts
+    tokens[:, 1:] (a branch's first token is predicted by its prefix's last).
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
@@ -43,9 +47,10 @@ def token_logprobs_with_aux(
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise ValueError(f"tokens must be [batch, seq] with seq >= 2, got shape {tokens.shape}")
-    hidden, aux = model.hidden(tokens, positions, segment_ids)
+    hidden, aux = model.hidden(tokens, positions, segment_ids, kv_end)
+    source = hidden[:, :-1] if pred_from is None else jnp.take_along_axis(hidden, pred_from[..., None], axis=1)
     logprobs = chunked_logprobs(
-        hidden[:, :-1], tokens[:, 1:], model.output_embedding(), temperature=temperature, chunk_size=chunk_size
+        source, tokens[:, 1:], model.output_embedding(), temperature=temperature, chunk_size=chunk_size
     )
     return logprobs, aux
 
@@ -78,11 +83,14 @@ def token_logprobs(
     *,
     positions: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
+    kv_end: jax.Array | None = None,
+    pred_from: jax.Array | None = None,
     temperature: float = 1.0,
     chunk_size: int = 256,
 ) -> jax.Array:
     """float32[B, T-1]: log p(tokens[:, 1:]); see `token_logprobs_with_aux`."""
     logprobs, _ = token_logprobs_with_aux(
-        model, tokens, positions=positions, segment_ids=segment_ids, temperature=temperature, chunk_size=chunk_size
+        model, tokens, positions=positions, segment_ids=segment_ids, kv_end=kv_end, pred_from=pred_from,
+        temperature=temperature, chunk_size=chunk_size,
     )
     return logprobs

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from legorl_jax.models.config import ModelConfig
-from legorl_jax.models.kv_cache import KVCache, cache_mask
+from legorl_jax.models.kv_cache import KVCache, cache_mask, read_window, store_new
 from legorl_jax.models.layers import DecoderLayer, causal_segment_mask, rms_norm, segment_positions
 from legorl_jax.models.moe import RouterStats, load_balancing_loss
 from legorl_jax.models.rope import rope_tables
@@ -76,19 +76,27 @@ class CausalLM(nnx.Module):
         return self.logits(hidden)
 
     def hidden(
-        self, tokens: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None
+        self,
+        tokens: jax.Array,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        kv_end: jax.Array | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Final-norm hidden states [B, T, D] and aux losses (`router_aux_loss` for MoE).
 
         Segment id 0 marks padding: it is excluded from router statistics.
+        kv_end int32[B, T] makes the rows tries (`legorl_jax.rl.batching`):
+        key s is seen only by queries before kv_end[s]; pass their positions.
         """
         _check_tokens(tokens, "tokens")
         if segment_ids is None:
             segment_ids = jnp.ones(tokens.shape, jnp.int32)
         if positions is None:
             positions = segment_positions(segment_ids)
-        mask = causal_segment_mask(segment_ids)
-        x, _, stats = self._run_layers(tokens, positions, mask, segment_ids != 0, cache=None, segment_ids=segment_ids)
+        mask = causal_segment_mask(segment_ids, kv_end)
+        x, _, stats = self._run_layers(
+            tokens, positions, mask, segment_ids != 0, cache=None, segment_ids=segment_ids, tree=kv_end is not None
+        )
         aux: dict[str, jax.Array] = {}
         if stats is not None:
             aux["router_aux_loss"] = load_balancing_loss(stats, self.config.num_experts)
@@ -103,21 +111,38 @@ class CausalLM(nnx.Module):
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         return head.embedding[...].astype(self.config.compute_dtype)
 
-    def decode(self, tokens: jax.Array, positions: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
-        """Prefill or decode step over a slot-per-row KV cache.
+    def decode(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        cache: KVCache,
+        block_table: jax.Array | None = None,
+        last: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache]:
+        """Prefill or decode step over a block-pool KV cache (`kv_cache`).
 
-        tokens, positions: int32[B, T]. Each token's K/V is written at index
-        `position` of its row; a query at position p attends to slots 0..p of
-        its own row. Position -1 marks padding: nothing is written and its
-        logits are meaningless. Returns (float32[B, T, V] logits, new cache).
+        tokens, positions: int32[B, T]. block_table int32[B, N] says which pool
+        blocks hold each row's positions; attention reads only those N blocks.
+        Without one, row b is block b (the slot-per-row layout). Each token's
+        K/V is written at its position; a query at position p attends to
+        positions 0..p of its row. Position -1 marks padding: nothing is
+        written and its logits are meaningless. Returns (float32[B, T, V]
+        logits, new cache); with last int32[B], only each row's logits at
+        index last[b] ([B, 1, V]), so a long chunk never builds [B, T, V].
         """
         _check_tokens(tokens, "tokens")
         if positions.shape != tokens.shape:
             raise ValueError(f"decode: positions shape {positions.shape} != tokens shape {tokens.shape}")
-        if cache.k.shape[1] != tokens.shape[0]:
-            raise ValueError(f"decode: cache has {cache.k.shape[1]} rows, tokens have {tokens.shape[0]}")
-        mask = cache_mask(positions, cache.max_len)
-        x, cache, _ = self._run_layers(tokens, positions, mask, positions >= 0, cache, segment_ids=None)
+        if block_table is None:
+            if cache.k.shape[1] != tokens.shape[0]:
+                raise ValueError(f"decode: cache has {cache.k.shape[1]} rows, tokens have {tokens.shape[0]}")
+            block_table = jnp.arange(tokens.shape[0], dtype=jnp.int32)[:, None]
+        mask = cache_mask(positions, block_table.shape[1] * cache.block_size)
+        x, cache, _ = self._run_layers(
+            tokens, positions, mask, positions >= 0, (cache, block_table), segment_ids=None
+        )
+        if last is not None:
+            x = jnp.take_along_axis(x, last[:, None, None], axis=1)
         return self.logits(x), cache
 
     def _run_layers(
@@ -126,24 +151,32 @@ class CausalLM(nnx.Module):
         positions: jax.Array,
         mask: jax.Array,
         valid: jax.Array,
-        cache: KVCache | None,
+        cache: tuple[KVCache, jax.Array] | None,
         segment_ids: jax.Array | None,
+        tree: bool = False,
     ) -> tuple[jax.Array, KVCache | None, RouterStats | None]:
         rope = rope_tables(self.config, positions)
         graphdef, params = nnx.split(self.layers)
+        pools, table = (None, None) if cache is None else ((cache[0].k, cache[0].v), cache[1])
 
-        def body(x: jax.Array, xs: tuple[Any, Any]) -> tuple[jax.Array, tuple[Any, Any]]:
-            layer_params, layer_cache = xs
+        def body(carry: tuple[jax.Array, Any], xs: tuple[Any, jax.Array]) -> tuple[Any, Any]:
+            x, pools = carry
+            layer_params, index = xs
             layer = nnx.merge(graphdef, layer_params)
-            x, layer_cache, stats = layer(x, rope, mask, layer_cache, positions, valid, segment_ids)
-            return x, (layer_cache, stats)
+            # The pools ride in the carry, so each layer updates them in place:
+            # a step reads its window of blocks and writes back only its new entries.
+            window = None if pools is None else tuple(read_window(p, index, table) for p in pools)
+            x, window, stats = layer(x, rope, mask, window, positions, valid, segment_ids, tree)
+            if pools is not None:
+                pools = tuple(store_new(p, index, table, w, positions) for p, w in zip(pools, window, strict=True))
+            return (x, pools), stats
 
         if self.config.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.config.remat], prevent_cse=False)
-        layer_caches = None if cache is None else (cache.k, cache.v)
         x = self.embed_tokens(tokens)
-        x, (layer_caches, stats) = jax.lax.scan(body, x, (params, layer_caches))
-        new_cache = None if layer_caches is None else KVCache(k=layer_caches[0], v=layer_caches[1])
+        layer_index = jnp.arange(self.config.num_layers)
+        (x, pools), stats = jax.lax.scan(body, (x, pools), (params, layer_index))
+        new_cache = None if pools is None else KVCache(k=pools[0], v=pools[1])
         return self.norm(x), new_cache, stats
 
 

@@ -11,6 +11,18 @@ sequence and `positions` restart at 0 per sequence. The per-token training
 arrays are shifted by one so that index t describes the token predicted at
 t + 1: exactly the layout of `token_logprobs(model, tokens)`.
 
+Prefix sharing (`share_prefixes`): sequences whose prompts start alike (a
+group's members, groups of one harness configuration) are laid out as a trie,
+each shared prefix once and every continuation after it in depth-first order,
+with positions continuing from the prefix. Only prompt tokens are shared (a
+prefix ends at or before each member's first sampled token), so every loss
+token stays its own sequence's and the loss is exactly the unshared one. Such
+a micro-batch carries two more arrays: `kv_end` (a key is seen by the queries
+before its subtree ends: its own prefix chain, nothing else) and `pred_from`
+(the row index whose hidden state predicts each target: a branch's first token
+is predicted from the shared prefix's last token). A trie too big for one row
+is split, each part with its own copy of the prefix path.
+
 Overlong rule: with `overlong="truncate"` a sequence longer than the largest
 bucket keeps its first `max(buckets)` tokens (the prompt and the start of the
 completion; a suffix without its prompt would be meaningless); with "drop" it is
@@ -69,8 +81,15 @@ class MicroBatch:
     behavior_logprobs: np.ndarray  # float32[R, T-1]
     advantages: np.ndarray  # float32[R, T-1]
     loss_weight: np.ndarray  # float32[R, T-1]: aggregation weight (0 off the mask)
-    seq_ids: np.ndarray  # int32[R, T-1]: row * max_segments + segment - 1
+    seq_ids: np.ndarray  # int32[R, T-1]: row * max_segments + sequence index in the row
     max_segments: int
+    # Tree rows only (None when nothing in the micro-batch is shared):
+    kv_end: np.ndarray | None = None  # int32[R, T]: key s is visible to queries q with s <= q < kv_end[s]
+    pred_from: np.ndarray | None = None  # int32[R, T-1]: row index whose hidden state predicts target t
+
+    @property
+    def tree(self) -> bool:
+        return self.kv_end is not None
 
     @property
     def num_seqs(self) -> int:
@@ -89,6 +108,29 @@ class PackedStep:
 class _Row:
     members: list[int] = field(default_factory=list)
     used: int = 0
+    sequences: int = 0
+
+
+@dataclass
+class _Node:
+    """A run of tokens in a packing trie: a shared prefix (seq None) or a sequence's own tail (a leaf)."""
+
+    tokens: np.ndarray
+    depth: int  # position of the first token: the length of the prefix above it
+    seq: int | None = None
+    children: list[_Node] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens) + sum(c.size for c in self.children)
+
+    @property
+    def leaves(self) -> int:
+        return 1 if self.seq is not None else sum(c.leaves for c in self.children)
+
+    @property
+    def branches(self) -> bool:
+        return len(self.children) > 1 or any(c.branches for c in self.children)
 
 
 def _fit_length(seq: TrainSequence, max_len: int, overlong: str) -> int | None:
@@ -101,17 +143,19 @@ def _fit_length(seq: TrainSequence, max_len: int, overlong: str) -> int | None:
     return n if np.asarray(seq.loss_mask[:n]).any() else None
 
 
-def _first_fit(lengths: list[int], capacity: int, max_segments: int) -> list[_Row]:
+def _first_fit(lengths: list[int], counts: list[int], capacity: int, max_segments: int) -> list[_Row]:
+    """First-fit decreasing of items (length, sequences) into rows of `capacity` tokens."""
     rows: list[_Row] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         row = next(
-            (r for r in rows if r.used + lengths[i] <= capacity and len(r.members) < max_segments), None
+            (r for r in rows if r.used + lengths[i] <= capacity and r.sequences + counts[i] <= max_segments), None
         )
         if row is None:
             row = _Row()
             rows.append(row)
         row.members.append(i)
         row.used += lengths[i]
+        row.sequences += counts[i]
     return rows
 
 
@@ -124,36 +168,136 @@ class _Kept:
     weights: np.ndarray
 
 
-_ROW_ARRAYS = {"tokens": np.int32, "positions": np.int32, "segment_ids": np.int32}
+def _leaf(kept: _Kept, i: int, depth: int) -> _Node:
+    """Sequence i from token `depth` on: its own tail below a shared prefix (the whole of it at 0)."""
+    return _Node(np.asarray(kept.seqs[i].token_ids[depth : kept.lengths[i]]), depth, seq=i)
+
+
+def _first_sampled(seq: TrainSequence) -> int:
+    return int(np.argmax(seq.loss_mask))
+
+
+def _trie(kept: _Kept, members: list[int], depth: int) -> list[_Node]:
+    """Nodes below a prefix of `depth` tokens that `members` share.
+
+    A sequence's sharable part ends at its first sampled token; past it, or
+    alone, it is a leaf holding the rest of the sequence.
+    """
+    nodes, by_next = [], {}
+    for i in members:
+        if _first_sampled(kept.seqs[i]) > depth:
+            by_next.setdefault(int(kept.seqs[i].token_ids[depth]), []).append(i)
+        else:
+            nodes.append(_leaf(kept, i, depth))
+    for group in by_next.values():
+        if len(group) == 1:
+            nodes.append(_leaf(kept, group[0], depth))
+            continue
+        limit = min(_first_sampled(kept.seqs[i]) for i in group)
+        block = np.stack([np.asarray(kept.seqs[i].token_ids[depth:limit]) for i in group])
+        differs = np.any(block != block[0], axis=0)
+        end = depth + (int(np.argmax(differs)) if differs.any() else limit - depth)
+        nodes.append(_Node(block[0, : end - depth], depth, children=_trie(kept, group, end)))
+    return nodes
+
+
+def _chain(path: list[_Node], children: list[_Node]) -> _Node:
+    """A copy of the prefix path `path` (root first) holding `children` under its last node."""
+    for node in reversed(path):
+        children = [_Node(node.tokens, node.depth, children=children)]
+    return children[0]
+
+
+def _units(node: _Node, path: list[_Node], capacity: int, max_segments: int) -> list[_Node]:
+    """Splits a trie into parts that each fit a row: a part that fits stays whole;
+    otherwise its children are binned, each bin under its own copy of the path."""
+    if node.depth + node.size <= capacity and node.leaves <= max_segments:
+        return [_chain(path, [node])]
+    inner, room = [*path, node], capacity - node.depth - len(node.tokens)
+    fitting, units = [], []
+    for child in node.children:
+        if child.size <= room and child.leaves <= max_segments:
+            fitting.append(child)
+        else:
+            units.extend(_units(child, inner, capacity, max_segments))
+    bins = _first_fit([c.size for c in fitting], [c.leaves for c in fitting], room, max_segments)
+    units.extend(_chain(inner, [fitting[i] for i in b.members]) for b in bins)
+    return units
+
+
+def _layout(kept: _Kept, share: bool, capacity: int, max_segments: int) -> list[_Node]:
+    """The step's packable units: whole sequences, or (sharing) tries that fit a row."""
+    everyone = list(range(len(kept.seqs)))
+    if not share:
+        return [_leaf(kept, i, 0) for i in everyone]
+    return [u for root in _trie(kept, everyone, 0) for u in _units(root, [], capacity, max_segments)]
+
+
+_ROW_ARRAYS = {"tokens": np.int32, "positions": np.int32, "segment_ids": np.int32, "kv_end": np.int32}
 _TARGET_ARRAYS = {
     "loss_mask": np.float32, "behavior_logprobs": np.float32, "advantages": np.float32,
-    "loss_weight": np.float32, "seq_ids": np.int32,
+    "loss_weight": np.float32, "seq_ids": np.int32, "pred_from": np.int32,
 }
 
 
-def _fill_row(out: dict[str, np.ndarray], r: int, members: list[int], kept: _Kept, max_segments: int) -> None:
-    start = 0
-    for seg, i in enumerate(members, start=1):
-        n, s = kept.lengths[i], kept.seqs[i]
+class _RowWriter:
+    """Writes units depth-first into one row of a micro-batch's (unshifted) arrays."""
+
+    def __init__(self, out: dict[str, np.ndarray], r: int, kept: _Kept, max_segments: int) -> None:
+        self.out, self.r, self.kept, self.max_segments = out, r, kept, max_segments
+        self.cursor = 0
+        self.sequences = 0
+
+    def unit(self, node: _Node, segment: int) -> None:
+        self._node(node, segment, parent_last=self.cursor - 1)
+
+    def _node(self, node: _Node, segment: int, parent_last: int) -> None:
+        out, r, n = self.out, self.r, len(node.tokens)
+        start = self.cursor
         span = slice(start, start + n)
-        mask = np.asarray(s.loss_mask[:n], dtype=np.float32)
-        out["tokens"][r, span] = s.token_ids[:n]
-        out["positions"][r, span] = np.arange(n)
-        out["segment_ids"][r, span] = seg
+        out["tokens"][r, span] = node.tokens
+        out["positions"][r, span] = node.depth + np.arange(n)
+        out["segment_ids"][r, span] = segment
+        # Each token is predicted by the one before it; a node's first token by its parent's last.
+        out["pred_from"][r, span] = np.arange(start - 1, start + n - 1)
+        out["pred_from"][r, start] = parent_last
+        self.cursor += n
+        if node.seq is not None:
+            self._loss(node, span)
+        for child in node.children:
+            self._node(child, segment, parent_last=start + n - 1)
+        out["kv_end"][r, span] = self.cursor  # a token is seen only inside its own subtree
+
+    def _loss(self, leaf: _Node, span: slice) -> None:
+        out, r = self.out, self.r
+        i = leaf.seq
+        assert i is not None
+        s, stop = self.kept.seqs[i], leaf.depth + len(leaf.tokens)
+        mask = np.asarray(s.loss_mask[leaf.depth : stop], dtype=np.float32)
         out["loss_mask"][r, span] = mask
-        out["behavior_logprobs"][r, span] = np.where(mask > 0, s.behavior_logprobs[:n], 0.0)
+        out["behavior_logprobs"][r, span] = np.where(mask > 0, s.behavior_logprobs[leaf.depth : stop], 0.0)
         out["advantages"][r, span] = s.advantage
-        out["loss_weight"][r, span] = mask * kept.weights[i]
-        out["seq_ids"][r, span] = r * max_segments + seg - 1
-        start += n
+        out["loss_weight"][r, span] = mask * self.kept.weights[i]
+        out["seq_ids"][r, span] = r * self.max_segments + self.sequences
+        self.sequences += 1
 
 
-def _micro_batch(rows: list[_Row], n_rows: int, bucket: int, kept: _Kept, max_segments: int) -> MicroBatch:
+def _micro_batch(
+    rows: list[_Row], n_rows: int, bucket: int, units: list[_Node], kept: _Kept, max_segments: int
+) -> MicroBatch:
     out = {k: np.zeros((n_rows, bucket), dtype) for k, dtype in {**_ROW_ARRAYS, **_TARGET_ARRAYS}.items()}
+    # Padding sees all padding before it (segment 0), and predicts from its left neighbour.
+    out["kv_end"][:] = bucket
+    out["pred_from"][:] = np.arange(-1, bucket - 1)
     for r, row in enumerate(rows):
-        _fill_row(out, r, row.members, kept, max_segments)
+        writer = _RowWriter(out, r, kept, max_segments)
+        for segment, u in enumerate(row.members, start=1):
+            writer.unit(units[u], segment)
     # Shift the per-token training arrays onto the predicted position.
     shifted = {k: out[k][:, 1:] for k in _TARGET_ARRAYS}
+    tree = any(units[u].branches for row in rows for u in row.members)
+    if not tree:  # without branches the tree arrays say what segment ids and the shift already say
+        out["kv_end"] = shifted["pred_from"] = None
     return MicroBatch(**{k: out[k] for k in _ROW_ARRAYS}, **shifted, max_segments=max_segments)
 
 
@@ -176,11 +320,14 @@ def pack_step(
     overlong: Literal["truncate", "drop"] = "truncate",
     max_segments: int = 16,
     row_multiple: int = 1,
+    share_prefixes: bool = True,
 ) -> PackedStep:
     """Packs one optimizer step's sequences into micro-batches.
 
     `row_multiple` is the data-parallel width (data × fsdp): every micro-batch
-    has a multiple of it rows so the batch axis shards evenly.
+    has a multiple of it rows so the batch axis shards evenly. `max_segments`
+    bounds the sequences of one row; `share_prefixes` lays out common prompt
+    prefixes once (module docstring).
     """
     buckets = sorted(set(buckets))
     if not buckets or buckets[0] < 2:
@@ -200,8 +347,9 @@ def pack_step(
     weights, normaliser = aggregation_weights(aggregation, loss_tokens, float(max_len))
     layout = _Kept(kseqs, lengths, weights)
 
+    units = _layout(layout, share_prefixes, max_len, max_segments)
     by_bucket: dict[int, list[_Row]] = {}
-    for row in _first_fit(lengths, max_len, max_segments):
+    for row in _first_fit([u.size for u in units], [u.leaves for u in units], max_len, max_segments):
         bucket = next(b for b in buckets if b >= row.used)
         by_bucket.setdefault(bucket, []).append(row)
     micro_batches = []
@@ -209,16 +357,20 @@ def pack_step(
         rows = by_bucket[bucket]
         per_mb = rows_per_micro_batch(bucket, micro_batch_tokens, row_multiple)
         for start in range(0, len(rows), per_mb):
-            micro_batches.append(_micro_batch(rows[start : start + per_mb], per_mb, bucket, layout, max_segments))
+            part = rows[start : start + per_mb]
+            micro_batches.append(_micro_batch(part, per_mb, bucket, units, layout, max_segments))
 
     slots = sum(mb.tokens.size for mb in micro_batches)
     real = sum(lengths)
+    computed = sum(u.size for u in units)
     n_over = sum(len(s.token_ids) > max_len for s in seqs)
     stats = {
         "batch/sequences": float(len(kseqs)),
         "batch/tokens": float(real),
         "batch/loss_tokens": float(loss_tokens.sum()),
-        "batch/padding_frac": 1.0 - real / slots,
+        "batch/computed_tokens": float(computed),
+        "batch/shared_token_frac": 1.0 - computed / real,
+        "batch/padding_frac": 1.0 - computed / slots,
         "batch/micro_batches": float(len(micro_batches)),
         "batch/overlong": float(n_over),
         "batch/dropped_sequences": float(len(seqs) - len(kseqs)),

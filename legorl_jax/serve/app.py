@@ -71,15 +71,22 @@ class _EngineCollector:
             ("vllm:num_requests_running", "running", "Requests in engine slots."),
             ("vllm:num_requests_waiting", "waiting", "Requests waiting for a slot."),
             ("legorl:weight_version", "weight_version", "Weight reloads since start."),
+            ("legorl:kv_cache_blocks_used", "kv_blocks_used", "KV-cache blocks held by requests."),
+            ("legorl:kv_cache_blocks_total", "kv_blocks_total", "KV-cache blocks in the pool."),
         ):
             gauge = GaugeMetricFamily(name, doc, labels=list(labels))
             gauge.add_metric(list(labels.values()), stats[key])
             yield gauge
+        usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use.", labels=list(labels))
+        usage.add_metric(list(labels.values()), stats["kv_blocks_used"] / max(1, stats["kv_blocks_total"]))
+        yield usage
         for name, key, doc in (
             ("vllm:prompt_tokens", "prompt_tokens", "Prompt tokens admitted."),
             ("vllm:generation_tokens", "generation_tokens", "Tokens generated."),
             ("legorl:engine_steps", "steps", "Device steps run."),
             ("legorl:requests_finished", "finished", "Requests that left their slot."),
+            ("vllm:prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+            ("vllm:prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in the prefix cache."),
         ):
             counter = CounterMetricFamily(name, doc, labels=list(labels))
             counter.add_metric(list(labels.values()), stats[key])

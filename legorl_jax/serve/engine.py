@@ -6,10 +6,13 @@ and single decode tokens together), and hands every request its new token
 through the request's `sink`. Finished requests leave their slot at once, so
 new ones join a running batch between steps.
 
-A slot's state is just its token list and how many of those tokens have K/V in
-the cache (`cached`): prefill and decode are both "feed tokens[cached:]". That
-makes invalidating the cache after a weight reload trivial: set cached = 0 and
-the slot recomputes its K/V under the new weights before sampling again.
+A slot's state is just its token list, the pool blocks reserved for it, and
+how many of those tokens have K/V in the cache (`cached`): prefill and decode
+are both "feed tokens[cached:]". A request is admitted only when the pool has
+blocks for its prompt and completion (else it waits), and starts with `cached`
+past whatever prefix the prefix cache already holds (`blocks.py`). Invalidating
+the cache after a weight reload is: forget every cached prefix and set
+cached = 0, so each slot recomputes its K/V under the new weights.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from legorl_jax.serve.scheduling import PauseMode, build_inputs, chunk_buckets, row_buckets
+from legorl_jax.serve.blocks import BlockPool
+from legorl_jax.serve.scheduling import (
+    PauseMode,
+    build_inputs,
+    chunk_buckets,
+    row_buckets,
+    step_groups,
+    window_buckets,
+)
 from legorl_jax.serve.step import DeviceStep, StepOutputs
 
 log = logging.getLogger(__name__)
@@ -93,8 +104,10 @@ class GenRequest:
 class Slot:
     request: GenRequest
     tokens: list[int]
+    blocks: list[int]
     cached: int = 0
     prompt_entries: list[PromptEntry] | None = None
+    registered: tuple[int, int | None] = (0, None)  # prefix-cache walk: (blocks walked, last block)
 
     @property
     def generated(self) -> int:
@@ -110,7 +123,8 @@ class ContextLengthError(ValueError):
 
 
 class Engine:
-    """Generation engine over `slots` rows of `max_len` positions."""
+    """Generation engine over `slots` rows of up to `max_len` positions whose
+    K/V lives in a pool of blocks (`new_cache` builds it: [layers, blocks, block_size, ...])."""
 
     def __init__(
         self,
@@ -118,22 +132,31 @@ class Engine:
         state: Any,
         new_cache: Callable[[], Any],
         *,
+        slots: int,
         max_len: int,
         vocab_size: int,
         eos_token_ids: frozenset[int],
         max_chunk: int = 256,
+        max_prompt_chunk: int | None = None,
+        max_step_pairs: int | None = None,
     ) -> None:
         self._step = step
         self._state = state
         # A factory, not a cache: a failed step may have consumed the donated cache.
         self._new_cache = lambda: _committed(new_cache())
         self._cache = self._new_cache()
+        num_blocks, block_size = self._cache.k.shape[1:3]
+        self._blocks = BlockPool(num_blocks, block_size)
         self.max_len = max_len
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self._chunks = chunk_buckets(min(max_chunk, max_len))
-        self._slots: list[Slot | None] = [None] * _slot_count(self._cache)
-        self._rows = row_buckets(len(self._slots))
+        # Steps that return prompt logprobs build [rows, chunk, vocab] logits: smaller chunks.
+        self._prompt_chunks = chunk_buckets(min(max_prompt_chunk or max_chunk, max_chunk, max_len))
+        self._slots: list[Slot | None] = [None] * slots
+        self._rows = row_buckets(slots)
+        self._windows = window_buckets(self._blocks.blocks_for(max_len), block_size)
+        self._max_pairs = max_step_pairs
         self._waiting: deque[GenRequest] = deque()
         self._cond = threading.Condition()
         self._paused = False
@@ -182,7 +205,15 @@ class Engine:
                 f"{wanted} tokens ({prompt_len} in the prompt, {max_tokens or 0} in the completion). "
                 "Please reduce the length of the prompt or completion."
             )
-        return room if max_tokens is None else max_tokens
+        max_tokens = room if max_tokens is None else max_tokens
+        pool = self._blocks
+        if pool.blocks_for(prompt_len + max_tokens) > pool.capacity:
+            raise ContextLengthError(
+                f"The KV cache holds {pool.capacity * pool.block_size} tokens; this request needs "
+                f"{prompt_len + max_tokens} ({prompt_len} in the prompt, {max_tokens} in the completion). "
+                "Please reduce the length of the prompt or completion."
+            )
+        return max_tokens
 
     def submit(self, request: GenRequest) -> None:
         self.validate(request.prompt, request.params.max_tokens)
@@ -200,7 +231,7 @@ class Engine:
             self._waiting = deque(r for r in self._waiting if r.request_id != request_id)
             for i, slot in enumerate(self._slots):
                 if slot is not None and slot.request.request_id == request_id:
-                    self._slots[i] = None
+                    self._vacate(i)
 
     # ----- weights and pausing ----------------------------------------------
     def pause(self, mode: PauseMode) -> None:
@@ -244,18 +275,24 @@ class Engine:
 
     def _invalidate_cache(self) -> int:
         self._epoch += 1
+        self._blocks.reset()
         active = [s for s in self._slots if s is not None]
         for slot in active:
-            slot.cached = 0
+            slot.cached, slot.registered = 0, (0, None)
         return len(active)
 
     def stats(self) -> dict[str, int]:
         with self._cond:
+            pool = self._blocks
             return {
                 **self.counters,
                 "running": sum(s is not None for s in self._slots),
                 "waiting": len(self._waiting),
                 "slots": len(self._slots),
+                "kv_blocks_used": pool.used,
+                "kv_blocks_total": pool.capacity,
+                "prefix_cache_queries": pool.queried_tokens,
+                "prefix_cache_hits": pool.hit_tokens,
                 "weight_version": self.weight_version,
                 "paused": int(self._paused),
             }
@@ -267,12 +304,20 @@ class Engine:
         )
 
     def _admit(self) -> None:
+        """Fills free slots in arrival order while the pool has blocks for the
+        next request; the rest wait, so memory never grows past the pool."""
         for i, slot in enumerate(self._slots):
             if slot is not None or not self._waiting or self._draining:
                 continue
-            req = self._waiting.popleft()
+            req = self._waiting[0]
             want_prompt = req.params.prompt_logprobs is not None
-            self._slots[i] = Slot(req, list(req.prompt), prompt_entries=[] if want_prompt else None)
+            # Prompt logprobs need every prompt position's logits: no prefix reuse.
+            got = self._blocks.allocate(req.prompt, len(req.prompt) + req.params.max_tokens, reuse=not want_prompt)
+            if got is None:
+                return
+            self._waiting.popleft()
+            blocks, hit = got
+            self._slots[i] = Slot(req, list(req.prompt), blocks, hit, [] if want_prompt else None)
             self.counters["prompt_tokens"] += len(req.prompt)
 
     def _loop(self) -> None:
@@ -303,8 +348,10 @@ class Engine:
             log.exception("engine step failed")
             # The device step may have consumed the donated cache. Every slot
             # with K/V in it was in this step and is failed here.
-            self._cache = self._new_cache()
             self._fail_slots(f"engine step failed: {exc}")
+            self._cache = self._new_cache()
+            with self._cond:
+                self._blocks = BlockPool(self._blocks.num_blocks, self._blocks.block_size)
         finally:
             with self._cond:
                 self._stepping = False
@@ -312,26 +359,37 @@ class Engine:
         return True
 
     def _run_step(self, slots: list[Slot | None], epoch: int, state: Any) -> None:
-        inputs, fed = build_inputs(slots, self._chunks, self._rows)
-        want_top = any(s is not None and (s.request.params.logprobs or 0) > 0 for s in slots)
-        want_prompt = any(s is not None and s.wants_prompt_logprobs for s in slots)
+        for group in step_groups(slots):
+            self._run_group([slots[i] for i in group], group, epoch, state)  # type: ignore[misc]
+
+    def _run_group(self, active: list[Slot], indices: list[int], epoch: int, state: Any) -> None:
+        want_top = any((s.request.params.logprobs or 0) > 0 for s in active)
+        want_prompt = any(s.wants_prompt_logprobs for s in active)
+        chunks = self._prompt_chunks if want_prompt else self._chunks
+        inputs, fed = build_inputs(
+            active, chunks, self._rows, self._windows, self._blocks.block_size, self._max_pairs
+        )
         self._cache, out = self._step(state, self._cache, inputs, want_top, want_prompt)
         with self._cond:
             self.counters["steps"] += 1
             if epoch == self._epoch:
-                self._apply(slots, fed, inputs.positions, out)
+                self._apply(indices, active, fed, inputs.positions, out)
 
-    def _apply(self, slots: list[Slot | None], fed: list[int], positions: np.ndarray, out: StepOutputs) -> None:
-        for row, slot in enumerate(slots):
+    def _apply(
+        self, indices: list[int], active: list[Slot], fed: list[int], positions: np.ndarray, out: StepOutputs
+    ) -> None:
+        """Step row r ran slot indices[r]."""
+        for row, (index, slot) in enumerate(zip(indices, active, strict=True)):
             # A slot aborted (or replaced) during the step is skipped.
-            if slot is None or self._slots[row] is not slot:
+            if self._slots[index] is not slot:
                 continue
             if slot.wants_prompt_logprobs and out.prompt_logprob is not None:
                 self._collect_prompt_logprobs(slot, row, fed[row], positions, out)
             slot.cached += fed[row]
+            slot.registered = self._blocks.register(slot.blocks, slot.tokens, slot.cached, *slot.registered)
             if slot.cached < len(slot.tokens):
                 continue
-            self._emit_token(row, slot, out)
+            self._emit_token(index, row, slot, out)
 
     def _collect_prompt_logprobs(
         self, slot: Slot, row: int, n: int, positions: np.ndarray, out: StepOutputs
@@ -349,7 +407,7 @@ class Engine:
             slot.request.sink(PromptLogprobsEvent(slot.prompt_entries))
             slot.prompt_entries = None
 
-    def _emit_token(self, row: int, slot: Slot, out: StepOutputs) -> None:
+    def _emit_token(self, index: int, row: int, slot: Slot, out: StepOutputs) -> None:
         params = slot.request.params
         token = int(out.token[row])
         top = None
@@ -360,18 +418,25 @@ class Engine:
         self.counters["generation_tokens"] += 1
         slot.request.sink(TokenEvent(token, float(out.logprob[row]), top))
         if token in params.stop_token_ids:
-            self._finish(row, FinishEvent("stop", token))
+            self._finish(index, FinishEvent("stop", token))
         elif token in self.eos_token_ids and not params.ignore_eos:
-            self._finish(row, FinishEvent("stop"))
+            self._finish(index, FinishEvent("stop"))
         elif slot.generated >= params.max_tokens or len(slot.tokens) >= self.max_len:
-            self._finish(row, FinishEvent("length"))
+            self._finish(index, FinishEvent("length"))
 
     def _finish(self, row: int, event: FinishEvent) -> None:
-        slot = self._slots[row]
-        self._slots[row] = None
+        slot = self._vacate(row)
         self.counters["finished"] += 1
         if slot is not None:
             slot.request.sink(event)
+
+    def _vacate(self, row: int) -> Slot | None:
+        """Empties a slot and returns its blocks to the pool (call under the lock)."""
+        slot = self._slots[row]
+        self._slots[row] = None
+        if slot is not None:
+            self._blocks.release(slot.blocks)
+        return slot
 
     def _finish_all(self, reason: FinishReason) -> None:
         for row, slot in enumerate(self._slots):
@@ -384,14 +449,16 @@ class Engine:
         """Ends every request in a slot with an error; waiting ones stay queued."""
         with self._cond:
             requests = [s.request for s in self._slots if s is not None]
-            self._slots = [None] * len(self._slots)
+            for row in range(len(self._slots)):
+                self._vacate(row)
             self._cond.notify_all()
         _send_errors(requests, message)
 
     def _fail_all(self, message: str) -> None:
         with self._cond:
             requests = [s.request for s in self._slots if s is not None] + list(self._waiting)
-            self._slots = [None] * len(self._slots)
+            for row in range(len(self._slots)):
+                self._vacate(row)
             self._waiting.clear()
             self._cond.notify_all()
         _send_errors(requests, message)
@@ -410,7 +477,3 @@ def _committed(cache: Any) -> Any:
     uncommitted input would make every step shape compile a second time."""
     return jax.device_put(cache, jax.devices()[0])
 
-
-def _slot_count(cache: Any) -> int:
-    # KV caches are [layers, slots, max_len, heads, head_dim].
-    return cache.k.shape[1]

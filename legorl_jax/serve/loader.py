@@ -9,14 +9,21 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import jax
 from flax import nnx
 
 from legorl_jax.serve.engine import Engine
 from legorl_jax.serve.step import DeviceStep
 
-# Upper bound on the [slots, chunk, vocab] float32 logits of one prefill step;
-# the chunk shrinks to stay under it (DESIGN: never [B, T, V] for a whole batch).
+# Upper bound on the [slots, chunk, vocab] float32 logits of a step that returns
+# prompt logprobs; such steps take smaller chunks to stay under it (other steps
+# compute logits at one position per row only).
 LOGITS_BUDGET_BYTES = 256 * 2**20
+# Upper bound on one step's float32 attention scores [rows, heads, chunk, window]
+# (the XLA kernel materialises them): long contexts take smaller chunks.
+SCORES_BUDGET_BYTES = 256 * 2**20
+# Positions per KV block: the unit of allocation and of prefix-cache reuse.
+BLOCK_SIZE = 32
 
 
 class WeightsError(ValueError):
@@ -81,16 +88,38 @@ def max_chunk_for(slots: int, vocab: int, requested: int) -> int:
     return max(1, min(requested, LOGITS_BUDGET_BYTES // (4 * slots * vocab)))
 
 
+def pool_blocks(state: Any, config: Any, kv_dtype: str, budget: int | None, slots: int, max_len: int) -> int:
+    """Blocks in the KV pool (block 0 reserved): `budget` bytes of K/V, by
+    default as many bytes as the weights or one max_len sequence, whichever is
+    more, and never more than every slot at max_len could use."""
+    from legorl_jax.models.kv_cache import kv_bytes_per_token
+
+    per_block = BLOCK_SIZE * kv_bytes_per_token(config, kv_dtype)
+    if budget is None:
+        weights = sum(leaf.nbytes for leaf in jax.tree.leaves(state))
+        budget = max(weights, -(-max_len // BLOCK_SIZE) * per_block)
+    if budget < per_block:
+        raise WeightsError(f"KV cache budget of {budget} bytes is under one block ({per_block} bytes)")
+    return 1 + min(budget // per_block, slots * -(-max_len // BLOCK_SIZE))
+
+
 def load_served_model(
     model_dir: str | Path,
     *,
     max_slots: int = 32,
     max_len: int = 4096,
-    max_chunk: int = 256,
+    max_chunk: int = 512,
     dtype: str = "float32",
+    kv_cache_dtype: str = "auto",
+    kv_cache_memory_bytes: int | None = None,
     served_name: str | None = None,
 ) -> ServedModel:
-    """Builds and starts the engine for an HF directory (weights + tokenizer)."""
+    """Builds and starts the engine for an HF directory (weights + tokenizer).
+
+    kv_cache_dtype "auto" keeps K/V in the compute dtype; kv_cache_memory_bytes
+    is the pool's size (default: the weights' size, or one max_len sequence if
+    more). Requests beyond what the
+    pool holds wait for blocks."""
     from transformers import AutoTokenizer
 
     from legorl_jax.models import init_kv_cache
@@ -98,14 +127,19 @@ def load_served_model(
     path = Path(model_dir)
     graphdef, state, config = _load(path, dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    kv_dtype = config.compute_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+    blocks = pool_blocks(state, config, kv_dtype, kv_cache_memory_bytes, max_slots, max_len)
     engine = Engine(
         DeviceStep(graphdef),
         state,
-        lambda: init_kv_cache(config, max_slots, max_len),
+        lambda: init_kv_cache(config, blocks, BLOCK_SIZE, kv_dtype),
+        slots=max_slots,
         max_len=max_len,
         vocab_size=config.vocab_size,
         eos_token_ids=eos_token_ids(path, tokenizer),
-        max_chunk=max_chunk_for(max_slots, config.vocab_size, max_chunk),
+        max_chunk=max_chunk,
+        max_prompt_chunk=max_chunk_for(max_slots, config.vocab_size, max_chunk),
+        max_step_pairs=SCORES_BUDGET_BYTES // (4 * config.num_heads),
     ).start()
     return ServedModel(
         engine=engine,

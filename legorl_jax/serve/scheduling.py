@@ -1,5 +1,5 @@
 """Host-side packing of one engine step: which tokens of which slot go in, in
-which chunk bucket. Pure functions of the slot list, kept apart from the
+which chunk bucket, and which KV blocks the step's attention window covers. Pure functions of the slot list, kept apart from the
 engine's threading so they can be tested on their own."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from legorl_jax.serve.blocks import NULL_BLOCK
 from legorl_jax.serve.step import StepInputs
 
 if TYPE_CHECKING:
@@ -32,10 +33,41 @@ def chunk_buckets(max_chunk: int, smallest: int = 1) -> tuple[int, ...]:
 
 
 def row_buckets(slots: int) -> tuple[int, ...]:
-    """How many leading cache rows a step may run on. Requests take the lowest
-    free slot, so a light load runs on a few rows instead of all of them; the
-    floor of 4 keeps the number of compiled shapes small."""
+    """How many rows a step may run on: the slots it feeds, padded up to a
+    bucket; the floor of 4 keeps the number of compiled shapes small."""
     return chunk_buckets(slots, smallest=4)
+
+
+def step_groups(slots: Sequence[Slot | None]) -> list[list[int]]:
+    """Indices of the active slots, split into one device call for the slots
+    that feed one token (decoding) and one for those still reading a prompt:
+    a step pads every row to its longest chunk, so mixing them would make each
+    decoding row cost a whole prefill chunk."""
+    one, many = [], []
+    for i, slot in enumerate(slots):
+        if slot is not None and len(slot.tokens) > slot.cached:
+            (one if len(slot.tokens) - slot.cached == 1 else many).append(i)
+    return [group for group in (one, many) if group]
+
+
+# Smallest attention window in positions: below it a step costs little anyway,
+# and fewer windows mean fewer compilations.
+MIN_WINDOW = 256
+# Windows double up to this many positions, then grow by it: a long prompt's
+# chunks attend over at most this much past what they need.
+WINDOW_STEP = 4096
+
+
+def window_buckets(max_blocks: int, block_size: int) -> tuple[int, ...]:
+    """Attention windows in blocks: doubling from MIN_WINDOW positions, then
+    WINDOW_STEP at a time, up to max_blocks. A step attends over the smallest
+    one holding its longest row, so its cost follows the live context."""
+    step = max(1, WINDOW_STEP // block_size)
+    buckets = [max(1, min(max_blocks, -(-MIN_WINDOW // block_size)))]
+    while buckets[-1] < max_blocks:
+        grown = buckets[-1] * 2 if buckets[-1] < step else buckets[-1] + step
+        buckets.append(min(grown, max_blocks))
+    return tuple(buckets)
 
 
 def pick_bucket(needed: int, buckets: Sequence[int]) -> int:
@@ -45,33 +77,48 @@ def pick_bucket(needed: int, buckets: Sequence[int]) -> int:
 
 
 def build_inputs(
-    slots: Sequence[Slot | None], chunks: Sequence[int], rows: Sequence[int]
+    slots: Sequence[Slot],
+    chunks: Sequence[int],
+    rows: Sequence[int],
+    windows: Sequence[int],
+    block_size: int,
+    max_pairs: int | None = None,
 ) -> tuple[StepInputs, list[int]]:
-    """Arrays for one step over the leading rows that hold every active slot,
-    and how many tokens each slot feeds."""
-    pending = [0 if s is None else len(s.tokens) - s.cached for s in slots]
-    chunk = pick_bucket(max(pending, default=1), chunks)
-    last_active = max((i for i, s in enumerate(slots) if s is not None), default=0)
-    n_slots = pick_bucket(last_active + 1, rows)
-    slots = slots[:n_slots]
+    """Arrays for one step whose row r feeds slots[r] (later rows are padding),
+    and how many tokens each slot feeds. `windows` are in blocks of `block_size`.
+
+    max_pairs bounds rows x chunk x window, the (query, key) pairs whose scores
+    attention holds at once: the chunk shrinks to the largest bucket under it.
+    """
+    pending = [len(s.tokens) - s.cached for s in slots]
+    n_slots = pick_bucket(max(len(slots), 1), rows)
+    usable = [c for c in chunks if c <= pick_bucket(max(pending, default=1), chunks)]
+    for chunk in reversed(usable):
+        fed = [min(p, chunk) for p in pending]
+        reach = max((s.cached + n for s, n in zip(slots, fed, strict=True)), default=1)
+        window = pick_bucket(-(-reach // block_size), windows)
+        if max_pairs is None or n_slots * chunk * window * block_size <= max_pairs:
+            break
     tokens = np.zeros((n_slots, chunk), np.int32)
     positions = np.full((n_slots, chunk), -1, np.int32)
     targets = np.full((n_slots, chunk), -1, np.int32)
+    block_table = np.full((n_slots, window), NULL_BLOCK, np.int32)
     last = np.zeros(n_slots, np.int32)
     temperature = np.ones(n_slots, np.float32)
     top_k = np.full(n_slots, -1, np.int32)
     top_p = np.ones(n_slots, np.float32)
     seeds = np.zeros(n_slots, np.uint32)
     counters = np.zeros(n_slots, np.int32)
-    fed = [min(p, chunk) for p in pending]
     for row, slot in enumerate(slots):
-        if slot is None or fed[row] == 0:
+        if fed[row] == 0:
             continue
         n, start = fed[row], slot.cached
         tokens[row, :n] = slot.tokens[start : start + n]
         positions[row, :n] = np.arange(start, start + n)
         following = slot.tokens[start + 1 : start + n + 1]
         targets[row, : len(following)] = following
+        held = slot.blocks[:window]
+        block_table[row, : len(held)] = held
         last[row] = n - 1
         params = slot.request.params
         temperature[row] = params.temperature
@@ -82,6 +129,7 @@ def build_inputs(
     inputs = StepInputs(
         tokens=tokens,
         positions=positions,
+        block_table=block_table,
         last=last,
         targets=targets,
         temperature=temperature,

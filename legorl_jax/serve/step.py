@@ -3,8 +3,10 @@ the model's KV-cache decode, then sample the next token of each slot.
 
 Chunked prefill and decode are the same call: a slot still reading its prompt
 contributes up to C tokens, a decoding slot contributes one, and the rest of the
-row is padding (position -1). Shapes depend only on (slots, chunk, cache
-length), so a handful of chunk buckets means a handful of compilations.
+row is padding (position -1). Attention reads only the W blocks of each row's
+block table. Shapes depend only on (rows, chunk, window) buckets, so a handful
+of buckets means a handful of compilations; the pool is donated and updated in
+place.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class StepInputs:
 
     tokens: np.ndarray  # i32[S, C]
     positions: np.ndarray  # i32[S, C], -1 = padding
+    block_table: np.ndarray  # i32[S, W], pool blocks of each row's window
     last: np.ndarray  # i32[S], chunk index whose logits are sampled from
     targets: np.ndarray  # i32[S, C], next prompt token per position (-1: none)
     temperature: np.ndarray  # f32[S]
@@ -57,15 +60,13 @@ def _device_step(
     want_prompt: bool,
 ) -> tuple[Any, dict[str, jax.Array]]:
     model = nnx.merge(graphdef, state)
-    rows = inputs["tokens"].shape[0]
-    if rows == cache.k.shape[1]:
-        logits, cache = model.decode(inputs["tokens"], inputs["positions"], cache)
+    # Without prompt logprobs only the sampled position's logits are needed.
+    last = None if want_prompt else inputs["last"]
+    logits, cache = model.decode(inputs["tokens"], inputs["positions"], cache, inputs["block_table"], last)
+    if want_prompt:
+        last_logits = jnp.take_along_axis(logits, inputs["last"][:, None, None], axis=1)[:, 0]
     else:
-        # Run on the leading rows only; cache arrays are [layers, rows, ...].
-        lead = jax.tree.map(lambda a: a[:, :rows], cache)
-        logits, lead = model.decode(inputs["tokens"], inputs["positions"], lead)
-        cache = jax.tree.map(lambda a, b: a.at[:, :rows].set(b), cache, lead)
-    last_logits = jnp.take_along_axis(logits, inputs["last"][:, None, None], axis=1)[:, 0]
+        last_logits = logits[:, 0]
     token, logprob, logprobs = sample(
         last_logits,
         inputs["temperature"],

@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from legorl_jax.config import LearnerConfig, RLConfig
-from legorl_jax.models import CausalLM, batch_sharding, token_logprobs, token_logprobs_with_aux
+from legorl_jax.models import CausalLM, batch_sharding, token_logprobs_with_aux
 from legorl_jax.rl.batching import MicroBatch, PackedStep, TrainSequence, pack_step
 from legorl_jax.rl.losses import PolicyInputs, policy_loss
 from legorl_jax.rl.metrics import finalize, merge, micro_batch_metrics
@@ -42,6 +42,8 @@ Array = jax.Array
 BATCH_KEYS = (
     "tokens", "positions", "segment_ids", "loss_mask", "behavior_logprobs", "advantages", "loss_weight", "seq_ids"
 )
+# Only in micro-batches with shared prefixes; their different pytree gives them their own trace.
+TREE_KEYS = ("kv_end", "pred_from")
 FLOAT_KEYS = ("loss_mask", "behavior_logprobs", "advantages", "loss_weight")
 
 
@@ -74,7 +76,7 @@ class Learner:
         ref_sh = self.param_sh if self.ref_params is not None else None
         self.step = 0
         rep = replicated(mesh)
-        batch_sh = {k: batch_sharding(mesh) for k in BATCH_KEYS}
+        batch_sh = batch_sharding(mesh)  # a prefix: every array of the batch, tree rows or not
         abstract_acc = self._abstract_acc()
         self._acc_sh = {
             "grads": self.param_sh, "loss": rep, "metrics": jax.tree.map(lambda _: rep, abstract_acc["metrics"])
@@ -106,6 +108,7 @@ class Learner:
             overlong=self.cfg.overlong,
             max_segments=self.max_segments,
             row_multiple=data_parallel_size(self.mesh),
+            share_prefixes=self.cfg.share_prefixes,
         )
 
     def model(self) -> CausalLM:
@@ -145,7 +148,8 @@ class Learner:
 
     def device_batch(self, mb: MicroBatch) -> dict[str, Array]:
         """A host micro-batch as global arrays, rows split over data × fsdp."""
-        return put_batch({k: getattr(mb, k) for k in BATCH_KEYS}, self.mesh)
+        keys = BATCH_KEYS + TREE_KEYS if mb.tree else BATCH_KEYS
+        return put_batch({k: getattr(mb, k) for k in keys}, self.mesh)
 
     def _abstract_acc(self) -> dict:
         """Shapes of the accumulator; its structure does not depend on the batch shape."""
@@ -166,6 +170,8 @@ class Learner:
             batch["tokens"],
             positions=batch["positions"],
             segment_ids=batch["segment_ids"],
+            kv_end=batch.get("kv_end"),
+            pred_from=batch.get("pred_from"),
             temperature=self.rl.sampling.temperature,
             chunk_size=self.cfg.logprob_chunk_size,
         )
@@ -175,13 +181,7 @@ class Learner:
     ) -> tuple[Params, Array, dict]:
         ref_logprobs = None
         if ref_params is not None:
-            ref_model = nnx.merge(self.graphdef, ref_params, self._rest)
-            ref_logprobs = jax.lax.stop_gradient(
-                token_logprobs(
-                    ref_model, batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"],
-                    temperature=self.rl.sampling.temperature, chunk_size=self.cfg.logprob_chunk_size,
-                )
-            )
+            ref_logprobs = jax.lax.stop_gradient(self._logprobs(ref_params, batch)[0])
 
         def numerator(p: Params) -> tuple[Array, dict]:
             logprobs, aux = self._logprobs(p, batch)

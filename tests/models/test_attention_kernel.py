@@ -161,3 +161,27 @@ def test_splash_runs_per_shard_under_a_mesh() -> None:
         [sys.executable, "-c", textwrap.dedent(_SHARDED_CHECK)], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_tree_rows_fall_back_from_splash_to_xla_with_a_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = ModelConfig(
+        architecture="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1,
+        num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, attention_kernel="xla",
+    )  # fmt: skip
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, 64, (1, 128)), jnp.int32)
+    # One trie: a 60-token prefix, two branches of 30, then padding.
+    segments = jnp.asarray([[1] * 120 + [0] * 8], jnp.int32)
+    kv_end = jnp.asarray([[120] * 60 + [90] * 30 + [120] * 30 + [128] * 8], jnp.int32)
+    positions = jnp.asarray([list(range(90)) + list(range(60, 90)) + list(range(8))], jnp.int32)
+    model = CausalLM(config, rngs=nnx.Rngs(0))
+    want, _ = model.hidden(tokens, positions, segments, kv_end)
+    # The second branch computes what the same sequence computes alone.
+    alone, _ = model.hidden(jnp.concatenate([tokens[:, :60], tokens[:, 90:120]], axis=1))
+    np.testing.assert_allclose(want[:, 90:120], alone[:, 60:], atol=1e-5)
+    monkeypatch.setattr(attention, "resolve_kernel", lambda *_args: "splash")
+    with caplog.at_level("INFO", logger=attention.__name__):
+        got, _ = model.hidden(tokens, positions, segments, kv_end)
+    assert "tree rows run XLA, not splash" in caplog.text
+    np.testing.assert_array_equal(got, want)

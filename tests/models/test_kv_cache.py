@@ -96,3 +96,38 @@ def test_padding_tokens_leave_cache_untouched() -> None:
         model.decode(tokens[:1], positions[:1], cache)
     with pytest.raises(ValueError, match="batch and max_len must be positive"):
         init_kv_cache(config, batch=0, max_len=4)
+
+
+def test_block_table_decode_shares_a_prefix_and_reads_only_its_window(
+    tiny_hf_checkpoint: Callable[[str], Path],
+) -> None:
+    """Two rows in a pool of 4-position blocks: the second reuses the first's
+    two prefix blocks (computed once) and prefills only its own tail; both
+    match the full forward, and a window of 3 blocks is all a step reads."""
+    model = from_hf(tiny_hf_checkpoint("llama3"))
+    rng = np.random.default_rng(3)
+    first = rng.integers(0, VOCAB, 11, dtype=np.int32)
+    second = np.concatenate([first[:8], rng.integers(0, VOCAB, 4, dtype=np.int32)])
+    cache = init_kv_cache(model.config, batch=10, max_len=4)  # 10 blocks of 4 positions
+    tables = jnp.array([[3, 7, 1], [3, 7, 5]], jnp.int32)
+
+    def step(tokens: list[np.ndarray], starts: list[int], cache: KVCache) -> tuple[np.ndarray, KVCache]:
+        width = max(len(t) for t in tokens)
+        toks = np.zeros((2, width), np.int32)
+        pos = np.full((2, width), PAD_POSITION, np.int32)
+        for r, (t, s) in enumerate(zip(tokens, starts, strict=True)):
+            toks[r, : len(t)], pos[r, : len(t)] = t, np.arange(s, s + len(t))
+        logits, cache = model.decode(jnp.asarray(toks), jnp.asarray(pos), cache, tables)
+        return np.asarray(logits), cache
+
+    got_first, cache = step([first, first[:0]], [0, 0], cache)
+    got_second, cache = step([first[:0], second[8:]], [0, 8], cache)
+    full = np.asarray(model(jnp.asarray(np.stack([first, second[:11]]))))
+    np.testing.assert_allclose(got_first[0, :11], full[0], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got_second[1, :3], full[1, 8:11], atol=1e-5, rtol=0)
+    # Only the listed blocks were written; block 0 (the engine's null block) is untouched.
+    written = np.asarray(jnp.any(cache.k != 0, axis=(0, 2, 3, 4)))
+    assert np.flatnonzero(written).tolist() == [1, 3, 5, 7]
+    # The last-position logits alone are what the engine samples from.
+    last, _ = model.decode(jnp.asarray(second[None, 8:]), jnp.arange(8, 12)[None], cache, tables[1:], jnp.array([2]))
+    np.testing.assert_allclose(np.asarray(last)[0, 0], full[1, 10], atol=1e-5, rtol=0)

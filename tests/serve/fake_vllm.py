@@ -49,6 +49,8 @@ def main(argv: list[str]) -> int:
         max_model_len=args.max_model_len,
         max_chunk=32,
         dtype="float32",
+        kv_cache_dtype="auto",
+        kv_cache_memory_bytes=None,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         shutdown_grace_s=serve_cmd.DEFAULT_SHUTDOWN_GRACE_S,
     )

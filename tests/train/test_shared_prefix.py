@@ -1,0 +1,113 @@
+"""Prefix-shared (tree) packing trains exactly what unshared packing trains:
+per-token logprobs, loss, gradients and metrics, dense and MoE, with and without
+rematerialisation, over several micro-batches, for every policy loss and every
+aggregation mode."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from tiny import VOCAB, learner_config, rl_config, tiny_model
+
+from legorl_jax.config import MeshConfig
+from legorl_jax.models import token_logprobs
+from legorl_jax.rl.batching import PackedStep, TrainSequence
+from legorl_jax.train.sharding import learner_mesh
+from legorl_jax.train.step import Learner
+
+MOE = dict(architecture="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+
+
+@pytest.fixture(scope="module")
+def mesh() -> jax.sharding.Mesh:
+    return learner_mesh(MeshConfig())
+
+
+def harness_groups(seed: int = 0, configs: int = 2, tasks: int = 2, members: int = 4) -> list[TrainSequence]:
+    """Groups whose members share system prefix + task text; configurations share the system prefix.
+
+    Some members run a second turn (prompt tokens after sampled ones), and each
+    sampled token's engine logprob is unique, so tests can find it again.
+    """
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for _ in range(configs):
+        system = rng.integers(0, VOCAB, 24)
+        for _ in range(tasks):
+            prompt = np.concatenate([system, rng.integers(0, VOCAB, 8)])
+            for m in range(members):
+                turn = rng.integers(0, VOCAB, int(rng.integers(4, 10)))
+                tail = rng.integers(0, VOCAB, 4 * (m % 2))  # a tool result and a second answer
+                tokens = np.concatenate([prompt, turn, tail, tail]).astype(np.int32)
+                mask = np.zeros(len(tokens), bool)
+                mask[len(prompt) : len(prompt) + len(turn)] = True
+                mask[len(tokens) - len(tail) :] = True
+                behav = np.where(mask, rng.uniform(-6.0, -0.05, len(tokens)), 0.0).astype(np.float32)
+                seqs.append(TrainSequence(tokens, mask, behav, float(rng.normal())))
+    return seqs
+
+
+def _rel(a: object, b: object) -> float:
+    return max(
+        float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def _logprobs_by_behaviour(learner: Learner, packed: PackedStep) -> dict[float, float]:
+    """Learner logprob of every sampled token, keyed by its (unique) engine logprob."""
+    out = {}
+    for mb in packed.micro_batches:
+        lp = token_logprobs(
+            learner.model(), mb.tokens, positions=mb.positions, segment_ids=mb.segment_ids,
+            kv_end=mb.kv_end, pred_from=mb.pred_from, chunk_size=learner.cfg.logprob_chunk_size,
+        )
+        on = mb.loss_mask > 0
+        out.update(zip(mb.behavior_logprobs[on].tolist(), np.asarray(lp)[on].tolist(), strict=True))
+    return out
+
+
+def _train(mesh: jax.sharding.Mesh, share: bool, model_overrides: dict, **rl: object) -> dict:
+    cfg = learner_config(128).model_copy(update={"share_prefixes": share})
+    learner = Learner(tiny_model(**model_overrides), rl_config(**rl), cfg, mesh)
+    packed = learner.pack(harness_groups())
+    logprobs = _logprobs_by_behaviour(learner, packed)
+    grads, numerator, _ = learner.accumulate(packed)
+    metrics = learner.train_step(packed)
+    return {
+        "packed": packed, "logprobs": logprobs, "grads": jax.device_get(grads), "numerator": float(numerator),
+        "params": jax.device_get(learner.params), "metrics": metrics,
+    }
+
+
+MODES = [
+    ({}, dict(loss="ppo_clip", aggregation="token_mean", kl_coef=0.05)),
+    ({"remat": "full"}, dict(loss="gspo", aggregation="seq_mean_token_mean")),
+    ({}, dict(loss="cispo", aggregation="constant", clip_low=1.0)),
+    # The MoE router's balancing loss is a per-micro-batch statistic of computed tokens (like the
+    # micro-batch split, packing changes it); the policy loss through the experts must not change.
+    ({**MOE, "router_aux_loss_coef": 0.0}, dict(loss="ppo_clip", aggregation="seq_mean_token_mean")),
+]
+
+
+@pytest.mark.parametrize(("model", "rl"), MODES, ids=["ppo_token_kl", "gspo_seq_remat", "cispo_constant", "moe"])
+def test_shared_packing_is_exactly_unshared_training(mesh: jax.sharding.Mesh, model: dict, rl: dict) -> None:
+    plain, shared = _train(mesh, False, model, **rl), _train(mesh, True, model, **rl)
+    s_stats, p_stats = shared["packed"].stats, plain["packed"].stats
+    assert any(mb.tree for mb in shared["packed"].micro_batches)
+    assert len(shared["packed"].micro_batches) >= 2
+    assert p_stats["batch/shared_token_frac"] == 0.0
+    assert s_stats["batch/shared_token_frac"] > 0.3
+    assert s_stats["batch/computed_tokens"] < p_stats["batch/computed_tokens"] == s_stats["batch/tokens"]
+
+    keys = plain["logprobs"].keys()
+    assert shared["logprobs"].keys() == keys and len(keys) == s_stats["batch/loss_tokens"]
+    lp_err = max(abs(shared["logprobs"][k] - plain["logprobs"][k]) / abs(plain["logprobs"][k]) for k in keys)
+    assert lp_err <= 1e-5
+    assert shared["numerator"] == pytest.approx(plain["numerator"], rel=1e-5)
+    assert shared["packed"].normaliser == plain["packed"].normaliser
+    assert _rel(shared["grads"], plain["grads"]) <= 1e-5
+    assert _rel(shared["params"], plain["params"]) <= 1e-5
+    for key in ("loss", "grad_norm", "ratio_mean", "entropy", "tokens", "clip_frac_high", "mis_rejected_frac"):
+        assert shared["metrics"][key] == pytest.approx(plain["metrics"][key], rel=1e-5, abs=1e-7), key
