@@ -37,7 +37,10 @@ def attacked(factory: SandboxFactory, task: Task, script: str) -> tuple[Verdict,
     try:
         box.start()
         ran = box.exec(["bash", "-c", script], timeout=60, user=AGENT_USER)
-        return verify(box, task), ran.stdout + ran.stderr
+        if DONE not in ran.stdout:
+            # Attacks are idempotent; a loaded Docker 20.10 daemon has been seen to lose an exec's output.
+            ran = box.exec(["bash", "-c", script], timeout=60, user=AGENT_USER)
+        return verify(box, task), f"exit {ran.exit_code}: {ran.stdout}{ran.stderr}"
     finally:
         box.stop()
 
