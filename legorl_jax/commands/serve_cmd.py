@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--kv-cache-memory-bytes", type=int, default=None, metavar="N",
-        help="bytes of the KV-cache pool (default: the weights' size, or one --max-model-len sequence if more); "
+        help="bytes of the KV-cache pool (default: the weights' size, 512 MiB or one --max-model-len sequence, "
+        "whichever is most, and no more than --max-num-seqs full-length sequences use); "
         "requests beyond it wait",
     )  # fmt: skip
     parser.add_argument(

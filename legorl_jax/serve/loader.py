@@ -88,16 +88,21 @@ def max_chunk_for(slots: int, vocab: int, requested: int) -> int:
     return max(1, min(requested, LOGITS_BUDGET_BYTES // (4 * slots * vocab)))
 
 
+# The default pool's least size: a small model's weights would leave room for a
+# request or two, and its rollouts would queue; every slot at full length still caps it.
+KV_FLOOR_BYTES = 512 * 2**20
+
+
 def pool_blocks(state: Any, config: Any, kv_dtype: str, budget: int | None, slots: int, max_len: int) -> int:
     """Blocks in the KV pool (block 0 reserved): `budget` bytes of K/V, by
-    default as many bytes as the weights or one max_len sequence, whichever is
-    more, and never more than every slot at max_len could use."""
+    default the most of the weights' size, KV_FLOOR_BYTES and one max_len
+    sequence, and never more than every slot at max_len could use."""
     from legorl_jax.models.kv_cache import kv_bytes_per_token
 
     per_block = BLOCK_SIZE * kv_bytes_per_token(config, kv_dtype)
     if budget is None:
         weights = sum(leaf.nbytes for leaf in jax.tree.leaves(state))
-        budget = max(weights, -(-max_len // BLOCK_SIZE) * per_block)
+        budget = max(weights, KV_FLOOR_BYTES, -(-max_len // BLOCK_SIZE) * per_block)
     if budget < per_block:
         raise WeightsError(f"KV cache budget of {budget} bytes is under one block ({per_block} bytes)")
     return 1 + min(budget // per_block, slots * -(-max_len // BLOCK_SIZE))
@@ -117,8 +122,8 @@ def load_served_model(
     """Builds and starts the engine for an HF directory (weights + tokenizer).
 
     kv_cache_dtype "auto" keeps K/V in the compute dtype; kv_cache_memory_bytes
-    is the pool's size (default: the weights' size, or one max_len sequence if
-    more). Requests beyond what the
+    is the pool's size (default: the weights' size, 512 MiB or one max_len
+    sequence, whichever is most). Requests beyond what the
     pool holds wait for blocks."""
     from transformers import AutoTokenizer
 
