@@ -46,9 +46,11 @@ def crashing_cli_task(root: Path) -> Path:
 
 
 def containers_of(client: docker.DockerClient, request_id: str) -> list[Any]:
+    # Listed low-level first: the high-level list inspects every trial container on the daemon and
+    # fails on one that another trial removes in between.
     return [
-        c for c in client.containers.list(filters={"label": TRIAL_LABEL})
-        if c.labels.get(TRIAL_LABEL, "").startswith(f"{request_id}-")
+        client.containers.get(c["Id"]) for c in client.api.containers(filters={"label": TRIAL_LABEL})
+        if (c.get("Labels") or {}).get(TRIAL_LABEL, "").startswith(f"{request_id}-")
     ]
 
 
