@@ -3,7 +3,7 @@
 The flattened (row, position) axis is cut into chunks of `chunk_size` tokens;
 each chunk's [chunk, V] logits live only inside one `lax.scan` step and are
 recomputed (not stored) in the backward pass, so peak memory is
-O(chunk_size * V) instead of O(B * T * V) (PITFALLS #10: a 151k vocabulary).
+O(chunk_size * V) instead of O(B * T * V), which a 151k vocabulary makes huge.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def token_logprobs_with_aux(
     """(float32[B, T-1] log p(tokens[:, 1:] | prefix) at `temperature`, aux losses).
 
     Logits are divided by `temperature` before the softmax, as the engine does
-    when it samples at that temperature (PITFALLS #7). With packed rows the
+    when it samples at that temperature (the importance ratio needs the same
+    distribution on both sides). With packed rows the
     entry at a segment boundary scores the next segment's first token and
     should be masked by the caller. Tree rows (`kv_end`, see `CausalLM.hidden`)
     give `pred_from` int32[B, T-1]: the row index whose hidden state predicts
