@@ -38,8 +38,9 @@ import json
 import math
 import shutil
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -166,10 +167,9 @@ def install_delta(base: Path, blob: bytes, dest_root: Path, keep: int = DEFAULT_
         raise WeightBaseMismatch(str(exc)) from None
     except DeltaError as exc:
         raise WeightTransferError(str(exc)) from None
-    tmp = _new_tmp(dest_root, version_dir_name(header.version))
     # Hashed while the files are written: a mismatch discards them before anything is installed.
     digest = _hasher().submit(weights_digest, tensors)
-    try:
+    with _staged(dest_root, version_dir_name(header.version)) as tmp:
         by_file: dict[str, list[str]] = {}
         for name, file in weight_files(base).items():
             by_file.setdefault(file, []).append(name)
@@ -183,11 +183,6 @@ def install_delta(base: Path, blob: bytes, dest_root: Path, keep: int = DEFAULT_
             raise WeightTransferError(f"weights after the delta to version {header.version} do not match its digest")
         final = dest_root / version_dir_name(header.version)
         install_directory(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        _ACTIVE.discard(tmp)
     prune_versions(dest_root, keep, final)
     return header.version, final
 
@@ -222,11 +217,20 @@ def prune_versions(root: Path, keep: int, current: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _new_tmp(root: Path, label: str) -> Path:
+@contextmanager
+def _staged(root: Path, label: str) -> Iterator[Path]:
+    """A fresh staging directory under `root` for one version: pruning leaves it
+    alone while it is filled, and a failure removes it (nothing partial stays)."""
     tmp = root / f"{_TMP_PREFIX}{label}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     _ACTIVE.add(tmp)
-    return tmp
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        _ACTIVE.discard(tmp)
 
 
 def _plain_name(name: str, what: str) -> str:
@@ -399,8 +403,7 @@ async def receive_stream(
     if first.header.delta:
         blob = await _receive_delta(first.header, next_message, base)
         return await asyncio.to_thread(install_delta, base, blob, dest_root, keep)  # type: ignore[arg-type]
-    tmp = _new_tmp(dest_root, version_dir_name(first.header.version))
-    try:
+    with _staged(dest_root, version_dir_name(first.header.version)) as tmp:
         assembly = _Assembly(first.header, tmp)
         while (message := await next_message()) is not None:
             if message.WhichOneof("payload") != "tensor":
@@ -411,11 +414,6 @@ async def receive_stream(
         assembly.finish()
         final = dest_root / version_dir_name(assembly.version)
         install_directory(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        _ACTIVE.discard(tmp)
     prune_versions(dest_root, keep, final)
     return assembly.version, final
 
@@ -538,8 +536,7 @@ def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None)
     if "config.json" not in keys:
         raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
     cache_root.mkdir(parents=True, exist_ok=True)
-    tmp = _new_tmp(cache_root, name)
-    try:
+    with _staged(cache_root, name) as tmp:
         for key in keys:
             parts = [_plain_name(part, "remote file") for part in key.split("/")]
             target = tmp.joinpath(*parts)
@@ -549,10 +546,5 @@ def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(result.value)
         install_directory(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        _ACTIVE.discard(tmp)
     prune_versions(cache_root, keep, final)
     return final
