@@ -139,13 +139,19 @@ def micro_step_peak_bytes(learner: Learner, packed: Any) -> int:
     return peak
 
 
-def run_shared_prefix(args: argparse.Namespace) -> dict[str, Any]:
-    """Tree packing against unshared packing of the same steps, same model, same run."""
+def build_model(args: argparse.Namespace) -> tuple[Any, ModelConfig, CausalLM, int]:
+    """The benchmarked Qwen3 of `--size`, its mesh, config and parameter count."""
     mesh = learner_mesh(MeshConfig(fsdp=-1, tensor=args.tensor))
     cfg = ModelConfig(architecture="qwen3", qk_norm=True, tie_word_embeddings=True, param_dtype="float32",
                       compute_dtype=args.dtype, remat=args.remat, **SIZES[args.size])
     model = CausalLM(cfg, rngs=nnx.Rngs(0))
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    return mesh, cfg, model, int(n_params)
+
+
+def run_shared_prefix(args: argparse.Namespace) -> dict[str, Any]:
+    """Tree packing against unshared packing of the same steps, same model, same run."""
+    mesh, cfg, model, n_params = build_model(args)
     report: dict[str, Any] = {
         "model": {"size": args.size, "params": int(n_params), "dtype": args.dtype, "remat": args.remat},
         "scale": args.scale, "platform": jax.devices()[0].platform, "host_cpus": os.cpu_count(), "cases": {},
@@ -187,11 +193,7 @@ def run_shared_prefix(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    mesh = learner_mesh(MeshConfig(fsdp=-1, tensor=args.tensor))
-    cfg = ModelConfig(architecture="qwen3", qk_norm=True, tie_word_embeddings=True, param_dtype="float32",
-                      compute_dtype=args.dtype, remat=args.remat, **SIZES[args.size])
-    model = CausalLM(cfg, rngs=nnx.Rngs(0))
-    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    mesh, cfg, model, n_params = build_model(args)
     tokens_per_step = args.rows * args.seq_len
     learner_cfg = LearnerConfig(micro_batch_tokens=tokens_per_step, length_buckets=[args.seq_len],
                                 logprob_chunk_size=args.chunk)
