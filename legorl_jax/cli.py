@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="legorl",
         description="RL for LLM coding agents inside real harnesses (learner, engine, rollout fleet).",
     )
-    from legorl_jax import __version__
+    from legorl_jax.core.version import __version__
 
     parser.add_argument("--version", action="version", version=f"legorl-jax {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from legorl_jax.config import ConfigError
+    from legorl_jax.core.config import ConfigError
 
     try:
         return int(importlib.import_module(args._module).run(args) or 0)

@@ -11,16 +11,19 @@ learner drops them rather than waiting forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
 
 import grpc
 
-from legorl_jax.config import GrpcSecurityConfig
-from legorl_jax.grpc_auth import client_security
+from legorl_jax.core.aio import completion_order
+from legorl_jax.core.config import FleetConfig, GrpcSecurityConfig
+from legorl_jax.core.grpc_auth import client_security
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -88,14 +91,14 @@ class Fleet:
         rpc_timeout_s: float = 3600.0,
         probe_interval_s: float = 2.0,
         wait_for_servers_s: float = 60.0,
-        security: GrpcSecurityConfig = GrpcSecurityConfig(),
+        security: GrpcSecurityConfig | None = None,
     ) -> None:
         self._addresses = list(addresses)
         if not self._addresses:
             raise FleetError("no rollout server addresses given")
         # Also what a weight streamer to these servers uses. A missing CA file or token fails here,
         # not at the first call.
-        self.security = client_security(security)
+        self.security = client_security(security or GrpcSecurityConfig())
         self._max_retries = max_retries
         self._rpc_timeout_s = rpc_timeout_s
         self._probe_interval_s = probe_interval_s
@@ -157,7 +160,7 @@ class Fleet:
         live = [s for s in self._servers if s.alive]
         results = await asyncio.gather(*(one(s) for s in live), return_exceptions=True)
         loaded: dict[str, int] = {}
-        for server, result in zip(live, results):
+        for server, result in zip(live, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("UpdateWeights failed on %s: %s; marking it dead", server.address, result)
                 server.alive = False
@@ -170,13 +173,9 @@ class Fleet:
     async def rollout(self, specs: Iterable[GroupSpec]) -> AsyncIterator[GroupResult]:
         """Runs every group; yields each as soon as all its trials are back."""
         tasks = [asyncio.create_task(self._run_group(spec)) for spec in specs]
-        try:
-            for finished in asyncio.as_completed(tasks):
-                yield await finished
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        async with completion_order(tasks) as finished:
+            for next_done in finished:
+                yield await next_done
 
     async def _acquire(self, slots: int) -> _Server:
         """Reserves `slots` on the live server with the most free slots (an idle one
@@ -252,6 +251,24 @@ class Fleet:
         await self._probe(server)
         async with self._slot_freed:
             self._slot_freed.notify_all()
+
+
+# Starts a rollout server in this process on the given weights; yields its address.
+LocalServer = Callable[[Path], contextlib.AbstractAsyncContextManager[str]]
+
+
+@contextlib.asynccontextmanager
+async def configured_fleet(config: FleetConfig, local_server: LocalServer, first_weights: Path) -> AsyncIterator[Fleet]:
+    """The configured servers, or, when the config lists none, one started in
+    this process on `first_weights` (stopped on exit)."""
+    async with contextlib.AsyncExitStack() as stack:
+        addresses = list(config.servers)
+        if not addresses:
+            addresses = [await stack.enter_async_context(local_server(first_weights))]
+        async with Fleet(
+            addresses, max_retries=config.max_retries, rpc_timeout_s=config.rpc_timeout_s, security=config.security
+        ) as fleet:
+            yield fleet
 
 
 def _lost_trial(spec: GroupSpec, group_id: str, index: int, reason: str) -> pb.Trajectory:

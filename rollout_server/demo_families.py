@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from legorl_jax.build_once import build_once
-from legorl_jax.config import REPO_ROOT, DemoVariantsConfig
+from legorl_jax.core.build_once import build_once
+from legorl_jax.core.config import REPO_ROOT, DemoVariantsConfig
 from rollout_server.tasks import Task, demo_tasks, load_tasks
 
 Split = Literal["train", "eval"]

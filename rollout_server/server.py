@@ -25,25 +25,26 @@ from pathlib import Path
 import grpc
 import uvicorn
 
-from legorl_jax.config import Config, ConfigError
-from legorl_jax.grpc_auth import client_security, server_security
+from legorl_jax.core.config import Config, ConfigError, EngineConfig
+from legorl_jax.core.grpc_auth import client_security, server_security
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
-from rollout_server.backends.client import EngineClient
+from rollout_server.backends.client import EngineClient, EngineError
 from rollout_server.backends.launch import ManagedEngine, start_engine
+from rollout_server.demo_families import all_demo_tasks, default_cache_root
 from rollout_server.harnesses.tools import HarnessTools
 from rollout_server.proxy.app import build_app
-from rollout_server.proxy.engine_client import EngineClient as ProxyEngineClient
+from rollout_server.proxy.engine_client import ProxyEngineClient
 from rollout_server.proxy.service import build_core
-from rollout_server.sandbox import SandboxFactory
+from rollout_server.sandbox.factory import SandboxFactory
 from rollout_server.service import RolloutService, ServiceLimits
-from rollout_server.demo_families import all_demo_tasks, default_cache_root
 from rollout_server.tasks import DEMO_TASKS_DIR, Task, load_tasks
 from rollout_server.trial import TrialHost
 
 log = logging.getLogger(__name__)
 
-# Seconds the proxy waits for model calls still open at shutdown (their trials are gone by then).
-_PROXY_SHUTDOWN_S = 5.0
+# Seconds the proxy waits for model calls still open at shutdown (their trials are gone by then);
+# whole seconds, as uvicorn takes them.
+_PROXY_SHUTDOWN_S = 5
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -87,6 +88,24 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+async def served_model_and_context(engine: EngineClient, cfg: EngineConfig) -> tuple[str, int]:
+    """The model id and context the engine serves, read from the engine once it answers, waiting
+    at most engine.startup_timeout_s: an engine started elsewhere may serve another context than
+    the config's max_context, and the proxy must hold prompts to the engine's."""
+    try:
+        await engine.wait_healthy(timeout=cfg.startup_timeout_s)
+    except EngineError as exc:
+        raise EngineError(
+            0, f"the engine (engine.kind {cfg.kind}) at {engine.base_url} was not healthy within "
+            f"engine.startup_timeout_s={cfg.startup_timeout_s:g} s: start it, or give it longer", "Timeout",
+        ) from exc
+    served, context = await engine.model(), await engine.served_context()
+    if context != cfg.max_context:
+        log.info("engine %s serves a context of %d tokens (engine.max_context, %d, applies to launched engines)",
+                 engine.base_url, context, cfg.max_context)
+    return served, context
+
+
 class RolloutServer:
     """`await start()` brings every part up (engine first); `await stop()` drains and tears down."""
 
@@ -120,11 +139,12 @@ class RolloutServer:
             )
         tasks = server_tasks(cfg)
         self._tools = HarnessTools.from_config(cfg.sandbox.harness_tools)  # a bad path fails before the engine starts
-        self.engine = await asyncio.to_thread(start_engine, cfg.engine, self.model_dir)
+        self.engine = await asyncio.to_thread(
+            start_engine, cfg.engine, self.model_dir, health_timeout=cfg.engine.startup_timeout_s
+        )
         engine = self.engine.client()
         self._clients.append(engine)
-        await engine.wait_healthy(timeout=600)
-        served = await engine.model()
+        served, context = await served_model_and_context(engine, cfg.engine)
 
         loopback = _bind(cfg.proxy.host, cfg.proxy.port)
         proxy_port = loopback.getsockname()[1]
@@ -138,7 +158,8 @@ class RolloutServer:
             sockets.append(_bind(self._factory.network.gateway, proxy_port))
 
         core = build_core(
-            self.model_dir, self.engine.url, served_model=served, max_context=cfg.engine.max_context, config=cfg.proxy
+            self.model_dir, self.engine.url, served_model=served, max_context=context, config=cfg.proxy,
+            unit_temperature_prompt_logprobs=self.engine.unit_temperature_prompt_logprobs,
         )
         self._clients.append(core.engine)
         app = build_app(core, keepalive_s=cfg.proxy.keepalive_s)
@@ -149,6 +170,7 @@ class RolloutServer:
 
         host = TrialHost(
             self._factory, core.store, proxy_port, served, policy_version=0, engine_healthy=engine.healthy,
+            engine_epoch=self.engine.epoch,
             harness_tools=self._tools,
         )
         limits = ServiceLimits(
@@ -157,7 +179,7 @@ class RolloutServer:
             agent_timeout_s=cfg.fleet.agent_timeout_s,
             verifier_timeout_s=cfg.fleet.verifier_timeout_s,
             max_trial_timeout_s=cfg.fleet.max_trial_timeout_s,
-            max_tokens=cfg.engine.max_context,
+            max_tokens=context,
             weights_idle_timeout_s=cfg.fleet.weights_idle_timeout_s,
         )
         self._weights_dir = tempfile.TemporaryDirectory(prefix="legorl-weights-")
@@ -213,7 +235,7 @@ class RolloutServer:
         """Runs until SIGTERM or SIGINT, then drains: in-flight trials finish or are reported."""
         await self.start()
         # Start-up objects (tokenizer, templates, engine, tasks) live as long as the server; frozen,
-        # a full collection no longer walks them (it stalled every session ~200 ms every few thousand calls).
+        # a full collection no longer walks them (each one stalled every session; docs/benchmarks.md, Proxy).
         gc.freeze()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -30,24 +30,20 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from pydantic import ValidationError
 
-from legorl_jax import __version__
-from legorl_jax.grpc_auth import ClientSecurity
+from legorl_jax.core.aio import completion_order
+from legorl_jax.core.config import SessionCaps
+from legorl_jax.core.grpc_auth import ClientSecurity
+from legorl_jax.core.version import __version__
+from legorl_jax.core.weight_layout import WeightTransferError
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient, EngineError
 from rollout_server.harnesses import get_harness, harness_names
 from rollout_server.harnesses.base import HarnessConfigError, HarnessOptions
-from rollout_server.proxy.session import SessionCaps
 from rollout_server.tasks import Task, TaskError, confined_task_dir, load_task
 from rollout_server.trial import TrialHost, TrialSpec, run_trial, sampling_config
 from rollout_server.weight_relay import WeightRelay
-from rollout_server.weights import (
-    WeightBaseMismatch,
-    WeightStreamStalled,
-    WeightTransferError,
-    receive_stream,
-    resolve_location,
-)
+from rollout_server.weights import WeightBaseMismatch, WeightStreamStalled, receive_stream, resolve_location
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +282,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                 verifier_timeout_s=verifier_s,
             )
             for task in tasks
-            for harness, parsed in zip(request.harness_configs, options)
+            for harness, parsed in zip(request.harness_configs, options, strict=True)
             for _ in range(request.group_size)
         ]
 
@@ -322,13 +318,11 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         pending = [asyncio.create_task(self._one(spec, request.request_id)) for spec in specs]
         self._trials.update(pending)
         try:
-            for finished in asyncio.as_completed(pending):
-                yield await finished
+            # On exit, cancelled trials tear their sandboxes down before the call ends.
+            async with completion_order(pending) as finished:
+                for next_done in finished:
+                    yield await next_done
         finally:
-            for task in pending:
-                task.cancel()
-            # Let cancelled trials tear their sandboxes down before the call ends.
-            await asyncio.gather(*pending, return_exceptions=True)
             self._trials.difference_update(pending)
 
     async def _one(self, spec: TrialSpec, request_id: str) -> pb.Trajectory:
@@ -358,7 +352,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         return trajectory
 
     @staticmethod
-    def _ended(spec: TrialSpec, status: int, error: str) -> pb.Trajectory:
+    def _ended(spec: TrialSpec, status: pb.TrialStatus, error: str) -> pb.Trajectory:
         """An ungraded trajectory for a trial that never produced its own."""
         return pb.Trajectory(
             task_id=spec.task.name, harness=spec.harness, sampling=spec.sampling, labels=spec.labels,

@@ -17,25 +17,17 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
+from legorl_jax.core.config import SamplingConfig
 from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.harnesses import HarnessContext, get_harness
 from rollout_server.harnesses.base import CliHarness, Harness, HarnessOptions, InProcessHarness
 from rollout_server.harnesses.tools import HarnessTools
 from rollout_server.proxy.session import SessionSpec, SessionStore
-from rollout_server.proxy.trajectory import Trajectory as Capture
-from rollout_server.sandbox import (
-    AGENT_USER,
-    ROOT_USER,
-    Sandbox,
-    SandboxError,
-    SandboxFactory,
-    SandboxSpec,
-    spec_for_task,
-)
+from rollout_server.proxy.trajectory import CapturedTrajectory
+from rollout_server.sandbox.base import AGENT_USER, ROOT_USER, Sandbox, SandboxError, SandboxSpec
+from rollout_server.sandbox.factory import SandboxFactory, spec_for_task
 from rollout_server.tasks import Task
 from rollout_server.verifier import Verdict, verify
-
-from legorl_jax.config import SamplingConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +52,8 @@ class TrialHost:
     policy_version: int
     # Asked when a harness fails, to tell a dead engine from a broken harness.
     engine_healthy: Callable[[], Awaitable[bool]] | None = None
+    # Bumped by each engine restart: a trial that spans one ends as ENGINE_ERROR.
+    engine_epoch: Callable[[], int] | None = None
     # The host's harness CLIs, mounted read-only into CLI-harness sandboxes; None: the image must carry them.
     harness_tools: HarnessTools | None = None
 
@@ -100,6 +94,7 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
         )
     )
     out = pb.Trajectory(task_id=spec.task.name, harness=spec.harness, sampling=spec.sampling, labels=spec.labels)
+    epoch = host.engine_epoch() if host.engine_epoch is not None else 0
     sandbox: Sandbox | None = None
     started = time.monotonic()
     try:
@@ -110,7 +105,7 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
         phase = time.monotonic()
         status, reason, harness_metrics = await _run_agent(harness, sandbox, host, spec, session.key)
         times.agent_s = time.monotonic() - phase
-        status, reason = await _agent_outcome(status, reason, sandbox, host, spec, session.trajectory.cap_hit)
+        status, reason = await _agent_outcome(status, reason, sandbox, host, spec, session.trajectory.cap_hit, epoch)
 
         phase = time.monotonic()
         verdict = await asyncio.to_thread(verify, sandbox, spec.task, spec.verifier_timeout_s)
@@ -150,9 +145,18 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
 
 
 async def _agent_outcome(
-    status: int, reason: str, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, cap_hit: str | None
-) -> tuple[int, str]:
+    status: pb.TrialStatus,
+    reason: str,
+    sandbox: Sandbox,
+    host: TrialHost,
+    spec: TrialSpec,
+    cap_hit: str | None,
+    epoch: int,
+) -> tuple[pb.TrialStatus, str]:
     """How the agent phase really ended, once the proxy, the sandbox and the engine have had their say."""
+    if host.engine_epoch is not None and host.engine_epoch() != epoch:
+        # The engine crashed under the agent: what it sampled may come from two processes and versions.
+        return pb.TRIAL_STATUS_ENGINE_ERROR, f"inference engine restarted during the trial ({reason or 'no error'})"
     if status == pb.TRIAL_STATUS_OK and cap_hit:
         return pb.TRIAL_STATUS_CAP_EXCEEDED, f"proxy cap: {cap_hit}"
     if status == pb.TRIAL_STATUS_OK and (killed := await asyncio.to_thread(sandbox.oom_kill_count)):
@@ -180,7 +184,7 @@ def _sandbox_spec(host: TrialHost, harness: Harness, spec: TrialSpec) -> Sandbox
 
 async def _run_agent(
     harness: Harness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
-) -> tuple[int, str, dict[str, float]]:
+) -> tuple[pb.TrialStatus, str, dict[str, float]]:
     try:
         return await _drive(harness, sandbox, host, spec, key)
     except SandboxError:
@@ -192,7 +196,7 @@ async def _run_agent(
 
 async def _drive(
     harness: Harness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
-) -> tuple[int, str, dict[str, float]]:
+) -> tuple[pb.TrialStatus, str, dict[str, float]]:
     if isinstance(harness, InProcessHarness):
         ctx = HarnessContext(
             session_url=f"http://127.0.0.1:{host.proxy_port}/s/{key}",
@@ -215,7 +219,7 @@ async def _drive(
 
 def _run_cli(
     harness: CliHarness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
-) -> tuple[int, str, dict[str, float]]:
+) -> tuple[pb.TrialStatus, str, dict[str, float]]:
     install = harness.install_spec(spec.options)
     check = sandbox.exec(install.check_argv(), timeout=60, user=AGENT_USER)
     if not check.ok:
@@ -261,7 +265,7 @@ def _write_file(sandbox: Sandbox, path: str, content: str, mode: int) -> None:
         raise SandboxError(f"could not hand {path} to {AGENT_USER}: {fix.stderr.strip()}")
 
 
-def _resolve(status: int, reason: str, verdict: Verdict) -> tuple[int, str]:
+def _resolve(status: pb.TrialStatus, reason: str, verdict: Verdict) -> tuple[pb.TrialStatus, str]:
     if status not in _GRADED:
         return status, reason
     if verdict.status == "env_failure":
@@ -273,7 +277,7 @@ def _resolve(status: int, reason: str, verdict: Verdict) -> tuple[int, str]:
     return status, "; ".join(notes)
 
 
-def _fill_capture(out: pb.Trajectory, capture: Capture) -> None:
+def _fill_capture(out: pb.Trajectory, capture: CapturedTrajectory) -> None:
     metrics = capture.metrics()
     for seq in capture.sequences:
         out.sequences.append(

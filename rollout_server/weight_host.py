@@ -20,11 +20,11 @@ from typing import Any, cast
 import grpc
 import numpy as np
 
+from legorl_jax.core.weight_layout import read_tensors
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient
 from rollout_server.service import RolloutService, ServiceLimits
 from rollout_server.trial import TrialHost
-from rollout_server.weights import read_tensors
 
 
 class MemoryEngine:

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 
 import grpc
 
-from legorl_jax.grpc_auth import ClientSecurity
+from legorl_jax.core.grpc_auth import ClientSecurity
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 

@@ -31,10 +31,8 @@ Blocking calls (`resolve_location`) belong in a worker thread under asyncio.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import hashlib
-import json
 import math
 import shutil
 import uuid
@@ -44,54 +42,36 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import tensorstore as ts
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from legorl_jax.models import safetensors_io
+from legorl_jax.core import safetensors_io
+from legorl_jax.core.weight_delta import BaseMismatch, DeltaError, combine_sums, patch, tensor_sum, weights_digest
+from legorl_jax.core.weight_layout import (
+    DELTA_FILE,
+    INDEX_FILE,
+    MANIFEST_FILE,
+    TMP_PREFIX,
+    Manifest,
+    WeightTransferError,
+    install_directory,
+    parse_index,
+    read_manifest,
+    read_tensors,
+    version_dir_name,
+    weight_files,
+)
 from protos.legorl.v1 import rollout_pb2 as pb
-from rollout_server.weight_delta import BaseMismatch, DeltaError, combine_sums, patch, tensor_sum, weights_digest
 
-INDEX_FILE = "model.safetensors.index.json"
-MANIFEST_FILE = "weights.json"
-DELTA_FILE = "delta.bin"
 DEFAULT_KEEP = 2
-_TMP_PREFIX = ".incoming-"
 # Kvstore schemes a location may name; tensorstore would also open http(s)://, which lists nothing and
 # would make the server fetch from any URL a caller names.
 REMOTE_SCHEMES = ("gs", "s3", "memory")
 
-# safetensors dtype names -> numpy dtypes; ml_dtypes supplies the ones numpy lacks.
-_DTYPES: dict[str, np.dtype] = {
-    name: np.dtype(dtype)
-    for name, dtype in {
-        "F64": np.float64,
-        "F32": np.float32,
-        "F16": np.float16,
-        "BF16": ml_dtypes.bfloat16,
-        "F8_E4M3": ml_dtypes.float8_e4m3fn,
-        "F8_E5M2": ml_dtypes.float8_e5m2,
-        "I64": np.int64,
-        "I32": np.int32,
-        "I16": np.int16,
-        "I8": np.int8,
-        "U64": np.uint64,
-        "U32": np.uint32,
-        "U16": np.uint16,
-        "U8": np.uint8,
-        "BOOL": np.bool_,
-    }.items()
-}
-
 # Temporary directories this process is filling; any other one under a root is
 # debris of a process that died mid-transfer (one server owns a root).
 _ACTIVE: set[Path] = set()
-
-
-class WeightTransferError(ValueError):
-    """Weights could not be received or located: the message says what was wrong."""
 
 
 class WeightStreamStalled(WeightTransferError):
@@ -100,53 +80,6 @@ class WeightStreamStalled(WeightTransferError):
 
 class WeightBaseMismatch(WeightTransferError):
     """A delta arrived for a base version this host does not serve."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Manifest:
-    """`weights.json`: which version a directory holds; a delta's base, if it is one."""
-
-    version: int
-    digest: str
-    base_version: int | None = None
-    base_digest: str | None = None
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self)).encode()
-
-    @classmethod
-    def parse(cls, raw: bytes, where: str) -> Manifest:
-        try:
-            return cls(**json.loads(raw))
-        except (ValueError, TypeError) as exc:
-            raise WeightTransferError(f"{where}: {MANIFEST_FILE} is malformed: {exc}") from None
-
-
-def read_manifest(directory: Path | None) -> Manifest | None:
-    """The directory's manifest; None for a plain HF directory (or none at all)."""
-    if directory is None or not (directory / MANIFEST_FILE).is_file():
-        return None
-    return Manifest.parse((directory / MANIFEST_FILE).read_bytes(), str(directory))
-
-
-def weight_files(directory: Path) -> dict[str, str]:
-    """Tensor name -> safetensors file name of an HF directory."""
-    index = directory / INDEX_FILE
-    if index.is_file():
-        return _parse_index(index.read_bytes())[0]
-    return dict.fromkeys(safetensors_io.SafetensorsFile(directory / "model.safetensors").keys(), "model.safetensors")
-
-
-def read_tensors(directory: Path) -> dict[str, np.ndarray]:
-    """Every tensor of an HF directory in fresh host arrays (parallel reads)."""
-    blocks = []
-    for file in set(weight_files(directory).values()):
-        reader = safetensors_io.SafetensorsFile(directory / file)
-        with safe_open(directory / file, "numpy") as names:  # the dtype names numpy lacks (BF16)
-            dtypes = {name: names.get_slice(name).get_dtype() for name in names.keys()}
-        blocks += [(reader, n, (), np.empty(reader.shape(n), _DTYPES[d])) for n, d in dtypes.items()]
-    safetensors_io.read_blocks(blocks)
-    return {name: out for _, name, _, out in blocks}
 
 
 @functools.cache
@@ -187,29 +120,13 @@ def install_delta(base: Path, blob: bytes, dest_root: Path, keep: int = DEFAULT_
     return header.version, final
 
 
-def version_dir_name(version: int) -> str:
-    return f"v{version:08d}"
-
-
-def install_directory(tmp: Path, final: Path) -> None:
-    """Renames a finished `tmp` to `final`, replacing an older `final` so that
-    at no moment is `final` missing or partial (a republished version)."""
-    if final.exists():
-        trash = final.with_name(f"{_TMP_PREFIX}trash-{final.name}-{uuid.uuid4().hex[:8]}")
-        final.rename(trash)
-        tmp.rename(final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        tmp.rename(final)
-
-
 def prune_versions(root: Path, keep: int, current: Path) -> None:
     """Keeps `current` and the newest `keep - 1` other directories; removes the
     rest and the debris of dead transfers."""
     entries = [p for p in root.iterdir() if p.is_dir()]
-    debris = [p for p in entries if p.name.startswith(_TMP_PREFIX) and p not in _ACTIVE]
+    debris = [p for p in entries if p.name.startswith(TMP_PREFIX) and p not in _ACTIVE]
     versions = sorted(
-        (p for p in entries if not p.name.startswith(_TMP_PREFIX) and p != current),
+        (p for p in entries if not p.name.startswith(TMP_PREFIX) and p != current),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
@@ -221,7 +138,7 @@ def prune_versions(root: Path, keep: int, current: Path) -> None:
 def _staged(root: Path, label: str) -> Iterator[Path]:
     """A fresh staging directory under `root` for one version: pruning leaves it
     alone while it is filled, and a failure removes it (nothing partial stays)."""
-    tmp = root / f"{_TMP_PREFIX}{label}-{uuid.uuid4().hex[:8]}"
+    tmp = root / f"{TMP_PREFIX}{label}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     _ACTIVE.add(tmp)
     try:
@@ -247,7 +164,7 @@ class _Tensor:
     def __init__(self, name: str, file: str, dtype: str, shape: tuple[int, ...]) -> None:
         self.file, self.dtype, self.shape = file, dtype, shape
         try:
-            self.array = np.empty(shape, _DTYPES[dtype])
+            self.array = np.empty(shape, safetensors_io.SAFETENSORS_DTYPES[dtype])
         except (MemoryError, OverflowError, ValueError) as exc:
             raise WeightTransferError(f"tensor {name!r}: cannot hold {dtype}{list(shape)}: {exc}") from None
         self.received = 0
@@ -271,7 +188,7 @@ class _Assembly:
             raise WeightTransferError("header lacks config.json")
         if INDEX_FILE not in self.files:
             raise WeightTransferError(f"header lacks {INDEX_FILE} (the sender always sends the index)")
-        self.weight_map, self.total_size = _parse_index(self.files[INDEX_FILE])
+        self.weight_map, self.total_size = parse_index(self.files[INDEX_FILE])
         # What the announced tensors may add up to: the index's own total, and never more than the disk holds.
         free = shutil.disk_usage(tmp).free
         if self.total_size is not None and self.total_size > free:
@@ -304,10 +221,10 @@ class _Assembly:
         shape = tuple(int(d) for d in chunk.shape)
         tensor = self.tensors.get(name)
         if tensor is None:
-            if chunk.dtype not in _DTYPES:
+            if chunk.dtype not in safetensors_io.SAFETENSORS_DTYPES:
                 raise WeightTransferError(f"tensor {name!r}: unknown safetensors dtype {chunk.dtype!r}")
             # Sized in Python integers before anything is allocated: a shape can claim any number of bytes.
-            nbytes = math.prod(shape) * _DTYPES[chunk.dtype].itemsize
+            nbytes = math.prod(shape) * safetensors_io.SAFETENSORS_DTYPES[chunk.dtype].itemsize
             if self.announced + nbytes > self.budget:
                 raise WeightTransferError(
                     f"tensor {name!r}: {chunk.dtype}{list(shape)} needs {nbytes} bytes; with the tensors before it "
@@ -354,23 +271,6 @@ class _Assembly:
             raise WeightTransferError(f"received tensors do not match the digest of version {self.manifest.version}")
         for name, data in self.files.items():
             (self.tmp / name).write_bytes(data)
-
-
-def _parse_index(raw: bytes) -> tuple[dict[str, str], int | None]:
-    """The index's weight map (tensor -> file name) and its total size, if it states one."""
-    where = f"{INDEX_FILE} in the header"
-    try:
-        index: Any = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise WeightTransferError(f"{where} is not a safetensors index: not JSON: {exc}") from None
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise WeightTransferError(f"{where} is not a safetensors index: no weight_map of tensor names to file names")
-    metadata = index.get("metadata") or {}
-    total = metadata.get("total_size") if isinstance(metadata, dict) else None
-    if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 0):
-        raise WeightTransferError(f"{where}: metadata.total_size {total!r} is not a byte count")
-    return weight_map, total
 
 
 async def receive_stream(
@@ -426,12 +326,12 @@ async def _receive_delta(
         raise WeightTransferError(f"a delta header carries {MANIFEST_FILE} alone, got {sorted(header.files)}")
     manifest = Manifest.parse(header.files[MANIFEST_FILE], "header")
     served = read_manifest(base)
-    if served is None or (served.version, served.digest) != (manifest.base_version, manifest.base_digest):
+    if base is None or served is None or (served.version, served.digest) != (manifest.base_version, manifest.base_digest):
         have = "no published weights" if served is None else f"version {served.version}"
         raise WeightBaseMismatch(f"delta to version {manifest.version} needs base version {manifest.base_version}; "
                                  f"this host serves {have}")  # fmt: skip
     # Positions (at most 8 bytes) and new bits per changed element, before compression.
-    limit = 5 * sum(p.stat().st_size for p in base.glob("*.safetensors")) + 2**20  # type: ignore[union-attr]
+    limit = 5 * sum(p.stat().st_size for p in base.glob("*.safetensors")) + 2**20
     blob = bytearray()
     while (message := await next_message()) is not None:
         if message.WhichOneof("payload") != "delta":
@@ -474,23 +374,27 @@ def resolve_location(
     except (OSError, ValueError) as exc:  # a NUL byte, a path the server may not read
         raise WeightTransferError(f"{uri}: not a usable path: {exc}") from None
     manifest = None if raw is None else Manifest.parse(raw, uri)
-    delta = manifest is not None and manifest.base_version is not None
-    if delta and _serves(current, manifest.base_version, manifest.base_digest):  # type: ignore[union-attr]
-        return _apply(uri, current, cache_root, keep, context)  # type: ignore[arg-type]
+    base_version = None if manifest is None else manifest.base_version
+    if (
+        manifest is not None
+        and base_version is not None
+        and current is not None
+        and _serves(current, base_version, manifest.base_digest)
+    ):
+        return _apply(uri, current, cache_root, keep, context)
     if _read(uri, "config.json", context) is not None:  # a full checkpoint (perhaps beside a delta)
         return _download(uri, Path(cache_root), keep, context) if not local else Path(uri.removeprefix("file://"))
-    if not delta:
+    if manifest is None or base_version is None:
         raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
-    assert manifest is not None and manifest.base_version is not None
-    if manifest.base_version >= manifest.version:
+    if base_version >= manifest.version:
         raise WeightTransferError(f"{uri}: delta to version {manifest.version} on base {manifest.base_version}")
     # The base is rebuilt the same way, from its own base, down to the last full checkpoint.
-    sibling = f"{uri.rstrip('/').rsplit('/', 1)[0]}/{version_dir_name(manifest.base_version)}"
+    sibling = f"{uri.rstrip('/').rsplit('/', 1)[0]}/{version_dir_name(base_version)}"
     base = resolve_location(sibling, cache_root, keep=keep, context=context, current=current)
     return _apply(uri, base, cache_root, keep, context)
 
 
-def _serves(current: Path | None, version: int, digest: str | None) -> bool:
+def _serves(current: Path, version: int, digest: str | None) -> bool:
     served = read_manifest(current)
     return served is not None and (served.version, served.digest) == (version, digest)
 

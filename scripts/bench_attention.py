@@ -8,11 +8,13 @@ measures, against the XLA implementation in the same run:
   * attention alone, forward + backward, at Qwen3-8B's head shapes
     (32 query heads, 8 KV heads, head_dim 128): median step time ratio and
     the compiled programs' temporary memory;
-  * a whole model's log-prob gradient (`token_logprobs`, 2 layers, V = 151,936):
-    time ratio and peak device memory (allocator statistics).
+  * a whole model's log-prob gradient (`token_logprobs`, 2 layers, hidden 1024,
+    V = 151,936): time ratio and peak device memory (allocator statistics).
 Off GPU "auto" is XLA itself and there is nothing to compare; the script says so.
 
-  python scripts/bench_attention.py [--seq 4096] [--batch 1] [--repeat 10]
+  python scripts/bench_attention.py [--seq 4096] [--batch 1] [--repeat 10] [--vocab 151936] [--hidden 1024]
+
+--vocab and --hidden shrink the whole model, for a dry run that only checks the script.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from legorl_jax.models import CausalLM, ModelConfig, token_logprobs  # noqa: E402
 from legorl_jax.models.attention import attend, resolve_kernel  # noqa: E402
+from legorl_jax.models.config import AttentionKernel  # noqa: E402
+
+KERNELS: tuple[AttentionKernel, ...] = ("xla", "auto")
+
+
+def temp_bytes(compiled: Any) -> int:
+    """The compiled program's temporary device memory."""
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        raise SystemExit(f"{jax.default_backend()} reports no memory analysis of compiled programs")
+    return int(analysis.temp_size_in_bytes)
 
 
 def median_time(fn: Callable[[], Any], repeat: int) -> float:
@@ -59,7 +73,7 @@ def packed_mask(batch: int, seq: int) -> jax.Array:
     return (causal[None] & (seg[:, :, None] == seg[:, None, :]))[:, None]
 
 
-def attention_loss(kernel: str, mask: jax.Array) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
+def attention_loss(kernel: AttentionKernel, mask: jax.Array) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
     def loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         return attend(q, k, v, mask, kernel=kernel, causal=True).astype(jnp.float32).sum()
 
@@ -73,45 +87,51 @@ def compare_attention(args: argparse.Namespace) -> None:
     k = jax.random.normal(keys[1], (b, t, kv, h), jnp.bfloat16)
     v = jax.random.normal(keys[2], (b, t, kv, h), jnp.bfloat16)
     mask = packed_mask(b, t)
-    results = {}
-    for kernel in ("xla", "auto"):
+    results: dict[str, dict[str, Any]] = {}
+    for kernel in KERNELS:
         fn = jax.jit(jax.value_and_grad(attention_loss(kernel, mask), argnums=(0, 1, 2)))
         compiled = fn.lower(q, k, v).compile()
         out = jax.jit(lambda q, k, v, kernel=kernel: attend(q, k, v, mask, kernel=kernel, causal=True))(q, k, v)
         results[kernel] = {
             "out": np.asarray(out, np.float32),
             "grads": [np.asarray(g, np.float32) for g in compiled(q, k, v)[1]],
-            "time": median_time(lambda compiled=compiled: compiled(q, k, v), args.repeat),
-            "temp": compiled.memory_analysis().temp_size_in_bytes,
+            "time": median_time(partial(compiled, q, k, v), args.repeat),
+            "temp": temp_bytes(compiled),
         }
     x, a = results["xla"], results["auto"]
     print(f"attention alone, B={b} T={t} heads 32/8 head_dim 128, bf16, packed rows, forward + backward:")
+    grad_diffs = " / ".join(f"{np.abs(gx - ga).max():.4f}" for gx, ga in zip(x["grads"], a["grads"], strict=True))
     print(f"  max |out diff| {np.abs(x['out'] - a['out']).max():.4f} (outputs up to {np.abs(x['out']).max():.2f}); "
-          f"max |grad diff| q/k/v " + " / ".join(f"{np.abs(gx - ga).max():.4f}" for gx, ga in zip(x["grads"], a["grads"], strict=True)))  # fmt: skip
-    print(f"  step time xla {x['time'] * 1e3:.2f} ms, auto {a['time'] * 1e3:.2f} ms: auto is {x['time'] / a['time']:.1f}x faster")
+          f"max |grad diff| q/k/v {grad_diffs}")  # fmt: skip
+    speedup = x["time"] / a["time"]
+    print(f"  step time xla {x['time'] * 1e3:.2f} ms, auto {a['time'] * 1e3:.2f} ms: auto is {speedup:.1f}x faster")
     print(f"  compiled temporaries xla {x['temp'] / 2**20:.0f} MiB, auto {a['temp'] / 2**20:.0f} MiB")
 
 
+def model_step(kernel: AttentionKernel, args: argparse.Namespace) -> tuple[float, int]:
+    """Median time and compiled temporaries of a whole model's log-prob gradient."""
+    config = ModelConfig(
+        architecture="qwen3", vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+        num_layers=2,
+        num_heads=16, num_kv_heads=8, head_dim=128, qk_norm=True, tie_word_embeddings=True,
+        param_dtype="bfloat16", compute_dtype="bfloat16", attention_kernel=kernel,
+    )  # fmt: skip
+    graphdef, state = nnx.split(CausalLM(config, rngs=nnx.Rngs(0)))
+    tokens = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, config.vocab_size, jnp.int32)
+
+    def loss(state: nnx.State) -> jax.Array:
+        return token_logprobs(nnx.merge(graphdef, state), tokens).sum()
+
+    step = jax.jit(jax.grad(loss)).lower(state).compile()
+    return median_time(partial(step, state), args.repeat), temp_bytes(step)
+
+
 def compare_model(args: argparse.Namespace) -> None:
-    rows = []
-    for kernel in ("xla", "auto"):
-        config = ModelConfig(
-            architecture="qwen3", vocab_size=151_936, hidden_size=1024, intermediate_size=3072, num_layers=2,
-            num_heads=16, num_kv_heads=8, head_dim=128, qk_norm=True, tie_word_embeddings=True,
-            param_dtype="bfloat16", compute_dtype="bfloat16", attention_kernel=kernel,
-        )  # fmt: skip
-        graphdef, state = nnx.split(CausalLM(config, rngs=nnx.Rngs(0)))
-        tokens = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, config.vocab_size, jnp.int32)
-
-        def loss(state: nnx.State) -> jax.Array:
-            return token_logprobs(nnx.merge(graphdef, state), tokens).sum()
-
-        step = jax.jit(jax.grad(loss)).lower(state).compile()
-        temp = step.memory_analysis().temp_size_in_bytes
-        rows.append((median_time(lambda step=step: step(state), args.repeat), temp))
-        del step, state
-    (t_xla, m_xla), (t_auto, m_auto) = rows
-    print(f"whole model, token_logprobs gradient, 2 layers, V=151,936, B={args.batch} T={args.seq}, bf16:")
+    (t_xla, m_xla), (t_auto, m_auto) = [model_step(kernel, args) for kernel in KERNELS]
+    print(
+        f"whole model, token_logprobs gradient, 2 layers, hidden {args.hidden}, V={args.vocab:,}, "
+        f"B={args.batch} T={args.seq}, bf16:"
+    )
     print(f"  step time xla {t_xla * 1e3:.1f} ms, auto {t_auto * 1e3:.1f} ms: auto is {t_xla / t_auto:.2f}x faster")
     print(f"  compiled temporaries xla {m_xla / 2**20:.0f} MiB, auto {m_auto / 2**20:.0f} MiB ({m_auto / m_xla:.2f}x)")
 
@@ -121,6 +141,8 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--vocab", type=int, default=151_936, help="the whole model's vocabulary (Qwen3's)")
+    parser.add_argument("--hidden", type=int, default=1024, help="the whole model's hidden size (MLP: 3x)")
     parser.add_argument("--dry-run", action="store_true", help="compare even where auto is XLA (checks the script)")
     args = parser.parse_args()
     chosen = resolve_kernel("auto", jnp.bfloat16, 128)

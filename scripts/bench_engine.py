@@ -80,7 +80,7 @@ def prompts_for(batch: int, length: int, vocab: int, seed: int) -> list[list[int
 
 def engine_generate(engine: Any, prompts: list[list[int]], new_tokens: int) -> float:
     """Seconds to generate new_tokens for every prompt, all submitted at once."""
-    from legorl_jax.serve.engine import FinishEvent, GenRequest, SamplingParams
+    from legorl_jax.serve.request_types import FinishEvent, GenRequest, SamplingParams
 
     remaining = len(prompts)
     done = threading.Event()
@@ -149,7 +149,7 @@ def episode(engine: Any, args: argparse.Namespace, vocab: int) -> list[tuple[flo
     """(seconds, prompt tokens, prefix-cache hit tokens) of each turn of an agent
     episode: every turn's prompt is the previous prompt, its completion and
     `--turn-tokens` new tokens."""
-    from legorl_jax.serve.engine import GenRequest, SamplingParams, TokenEvent
+    from legorl_jax.serve.request_types import GenRequest, SamplingParams, TokenEvent
 
     rng = np.random.default_rng(5)
     prompt = rng.integers(300, vocab, args.first_turn).tolist()
@@ -258,7 +258,8 @@ def main() -> int:
     rate = sum(hit for _, _, hit in later) / sum(n for _, n, _ in later)
     print(f"4-turn episode ({args.first_turn} + {args.turn_tokens}/turn tokens), engine per turn: {turns}; "
           f"prefix-cache hit rate of turns 2-4 {rate:.1%}")  # fmt: skip
-    print(f"peak RSS: engine {engine['rss_gb']:.2f} GB (after decode rows {engine['rss_decode_gb']:.2f} GB; "
+    print(f"peak RSS: engine {engine['rss_gb']:.2f} GB (after load {engine['rss_start_gb']:.2f} GB, "
+          f"after decode rows {engine['rss_decode_gb']:.2f} GB; "
           f"weights {engine['weights_gb']:.2f} GB + KV used {engine['kv_used_gb']:.2f} GB, "
           f"pool {engine['kv_pool_gb']:.2f} GB); transformers {hf['rss_gb']:.2f} GB")  # fmt: skip
     return 0

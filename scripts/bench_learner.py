@@ -34,6 +34,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -41,13 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from legorl_jax.config import LearnerConfig, MeshConfig, RLConfig
+from legorl_jax.core.config import LearnerConfig, MeshConfig, RLConfig
 from legorl_jax.models import CausalLM, ModelConfig, batch_sharding, token_logprobs
 from legorl_jax.rl.batching import TrainSequence
 from legorl_jax.train.sharding import learner_mesh, put_batch
 from legorl_jax.train.step import Learner
 
-SIZES: dict[str, dict[str, int]] = {
+SIZES: dict[str, dict[str, Any]] = {
     # ~101M parameters (25M of them the tied embedding), Qwen3 layout.
     "100m": dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_layers=12, num_heads=12,
                  num_kv_heads=4, head_dim=64),
@@ -135,6 +136,8 @@ def micro_step_peak_bytes(learner: Learner, packed: Any) -> int:
             lowered = learner._micro.lower(learner.params, learner.ref_params, learner._zero_acc(),
                                            learner.device_batch(mb), coef)
             mem = lowered.compile().memory_analysis()
+            if mem is None:
+                raise SystemExit(f"{jax.default_backend()} reports no memory analysis of compiled programs")
             peak = max(peak, int(mem.temp_size_in_bytes + mem.argument_size_in_bytes))
     return peak
 
@@ -157,39 +160,43 @@ def run_shared_prefix(args: argparse.Namespace) -> dict[str, Any]:
         "scale": args.scale, "platform": jax.devices()[0].platform, "host_cpus": os.cpu_count(), "cases": {},
     }
     for name in args.cases:
-        lengths = {k: v if k in ("configs", "tasks", "members") else -(-v // args.scale)
-                   for k, v in SHARED_CASES[name].items()}
-        seqs = prefix_groups(**lengths, vocab=cfg.vocab_size)
-        # Rows up to twice a sequence: a group's tree (or a part of it, each with the prefix) fits one row;
-        # one row of the largest bucket per micro-batch bounds memory alike for both packings.
-        unit = -(-len(seqs[0].token_ids) // 128) * 128
-        buckets = sorted({unit * k // 4 // 128 * 128 for k in range(4, 9)})
-        learners = {}
-        for share in (False, True):
-            lc = LearnerConfig(micro_batch_tokens=buckets[-1], length_buckets=buckets,
-                               logprob_chunk_size=args.chunk, share_prefixes=share)
-            learners["tree" if share else "unshared"] = Learner(model, RLConfig(), lc, mesh)
-        packed = {k: lr.pack(seqs) for k, lr in learners.items()}
-        losses: dict[str, list[float]] = {k: [] for k in learners}
-
-        def step(kind: str) -> None:
-            losses[kind].append(learners[kind].train_step(packed[kind])["loss"])
-
-        t = interleaved({k: (lambda k=k: step(k)) for k in learners}, args.repeats)
-        report["cases"][name] = {
-            "lengths": lengths, "sequences": len(seqs), "buckets": buckets,
-            **{k: {"step_s": t[k], "loss_first_step": losses[k][0],
-                   "computed_tokens": packed[k].stats["batch/computed_tokens"],
-                   "represented_tokens": packed[k].stats["batch/tokens"],
-                   "shared_token_frac": packed[k].stats["batch/shared_token_frac"],
-                   "micro_batches": len(packed[k].micro_batches),
-                   "micro_step_peak_mib": micro_step_peak_bytes(learners[k], packed[k]) / 2**20}
-               for k in learners},
-            "tree_over_unshared_time": t["tree"] / t["unshared"],
-            "loss_rel_diff": abs(losses["tree"][0] - losses["unshared"][0]) / abs(losses["unshared"][0]),
-        }
-        del learners, packed
+        report["cases"][name] = shared_prefix_case(args, name, model, cfg, mesh)
     return report
+
+
+def shared_prefix_case(args: argparse.Namespace, name: str, model: CausalLM, cfg: ModelConfig, mesh: Any) -> dict:
+    """One case of `run_shared_prefix`; its learners are freed on return."""
+    lengths = {k: v if k in ("configs", "tasks", "members") else -(-v // args.scale)
+               for k, v in SHARED_CASES[name].items()}
+    seqs = prefix_groups(**lengths, vocab=cfg.vocab_size)
+    # Rows up to twice a sequence: a group's tree (or a part of it, each with the prefix) fits one row;
+    # one row of the largest bucket per micro-batch bounds memory alike for both packings.
+    unit = -(-len(seqs[0].token_ids) // 128) * 128
+    buckets = sorted({unit * k // 4 // 128 * 128 for k in range(4, 9)})
+    learners = {}
+    for share in (False, True):
+        lc = LearnerConfig(micro_batch_tokens=buckets[-1], length_buckets=buckets,
+                           logprob_chunk_size=args.chunk, share_prefixes=share)
+        learners["tree" if share else "unshared"] = Learner(model, RLConfig(), lc, mesh)
+    packed = {k: lr.pack(seqs) for k, lr in learners.items()}
+    losses: dict[str, list[float]] = {k: [] for k in learners}
+
+    def step(kind: str) -> None:
+        losses[kind].append(learners[kind].train_step(packed[kind])["loss"])
+
+    t = interleaved({k: partial(step, k) for k in learners}, args.repeats)
+    return {
+        "lengths": lengths, "sequences": len(seqs), "buckets": buckets,
+        **{k: {"step_s": t[k], "loss_first_step": losses[k][0],
+               "computed_tokens": packed[k].stats["batch/computed_tokens"],
+               "represented_tokens": packed[k].stats["batch/tokens"],
+               "shared_token_frac": packed[k].stats["batch/shared_token_frac"],
+               "micro_batches": len(packed[k].micro_batches),
+               "micro_step_peak_mib": micro_step_peak_bytes(learners[k], packed[k]) / 2**20}
+           for k in learners},
+        "tree_over_unshared_time": t["tree"] / t["unshared"],
+        "loss_rel_diff": abs(losses["tree"][0] - losses["unshared"][0]) / abs(losses["unshared"][0]),
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

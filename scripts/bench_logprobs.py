@@ -23,6 +23,10 @@ import argparse
 import json
 import subprocess
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the parent process never imports jax: each measurement runs in a fresh child
+    from legorl_jax.models.config import DType
 
 
 def _status_kib(field: str) -> int:
@@ -33,7 +37,7 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def child(variant: str, scope: str, seq: int, vocab: int, chunk: int, grad: bool, dtype: str) -> None:
+def child(variant: str, scope: str, seq: int, vocab: int, chunk: int, grad: bool, dtype: DType) -> None:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -67,6 +71,8 @@ def child(variant: str, scope: str, seq: int, vocab: int, chunk: int, grad: bool
     fn = jax.grad(lambda s: logprobs(s).sum()) if grad else logprobs
     compiled = jax.jit(fn).lower(state).compile()
     mem = compiled.memory_analysis()
+    if mem is None:
+        raise SystemExit(f"{jax.default_backend()} reports no memory analysis of compiled programs")
     before = _status_kib("VmRSS")
     jax.block_until_ready(compiled(state))
     peak = _status_kib("VmHWM")
@@ -92,7 +98,8 @@ def main() -> int:
     parser.add_argument("--child", nargs=2, metavar=("VARIANT", "SCOPE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(*args.child, args.seq, args.vocab, args.chunk, args.grad, args.dtype)
+        variant, scope = args.child
+        child(variant, scope, args.seq, args.vocab, args.chunk, args.grad, args.dtype)
         return 0
     mode = "forward+backward" if args.grad else "forward"
     print(f"token_logprobs peak memory on {backend()}, B=1 T={args.seq} V={args.vocab} chunk={args.chunk} "

@@ -111,14 +111,15 @@ def _serve_engine(tokenizer_dir: str, ports: Any) -> None:
 
 
 def _serve_proxy(tokenizer_dir: str, engine_url: str, ports: Any, profile: str | None) -> None:
+    from legorl_jax.core.config import SessionCaps
     from rollout_server.proxy.app import build_app
-    from rollout_server.proxy.engine_client import EngineClient
+    from rollout_server.proxy.engine_client import ProxyEngineClient
     from rollout_server.proxy.render import ChatTemplate
     from rollout_server.proxy.service import ProxyCore
-    from rollout_server.proxy.session import SessionCaps, SessionStore
+    from rollout_server.proxy.session import SessionStore
 
     store = SessionStore(SessionCaps(max_model_calls=10**6, max_total_tokens=10**9, max_wall_s=10**6))
-    core = ProxyCore(ChatTemplate(_tokenizer(tokenizer_dir)), EngineClient(engine_url, "bench"), store,
+    core = ProxyCore(ChatTemplate(_tokenizer(tokenizer_dir)), ProxyEngineClient(engine_url, "bench"), store,
                      max_context=32768)
     _serve(build_app(core, admin_token=ADMIN), ports, profile)
 
@@ -350,6 +351,7 @@ def main() -> int:
     proxy_proc.start()
     proxy_url = ports.get(timeout=120)
     litellm_proc, litellm_url = _start_litellm(args.litellm_venv, engine_url, workdir) if args.litellm else (None, None)
+    assert proxy_proc.pid is not None  # set by start()
     pids = {"ours": proxy_proc.pid, **({"litellm": litellm_proc.pid} if litellm_proc else {})}
     try:
         asyncio.run(_level(proxy_url, engine_url, litellm_url, 1, 2, 4, 1, pids))  # warm-up: imports, pools

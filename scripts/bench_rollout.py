@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc  # noqa: E402
 
-from legorl_jax.config import Config, ConfigError, load_config  # noqa: E402
+from legorl_jax.core.config import Config, ConfigError, load_config  # noqa: E402
 from protos.legorl.v1 import rollout_pb2 as pb  # noqa: E402
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc  # noqa: E402
 from rollout_server.server import RolloutServer  # noqa: E402

@@ -25,8 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rollout_server.sandbox import AGENT_USER, LocalSandbox, Sandbox, SandboxFactory, SandboxSpec, spec_for_task  # noqa: E402
+from rollout_server.sandbox.base import AGENT_USER, Sandbox, SandboxSpec  # noqa: E402
+from rollout_server.sandbox.factory import SandboxFactory, spec_for_task  # noqa: E402
 from rollout_server.sandbox.images import ensure_task_image  # noqa: E402
+from rollout_server.sandbox.local import LocalSandbox  # noqa: E402
 from rollout_server.tasks import Task, demo_tasks  # noqa: E402
 from rollout_server.verifier import verify  # noqa: E402
 
@@ -91,7 +93,8 @@ def run(kind: str, make: MakeSandbox, task: Task, concurrencies: list[int], tria
         base = throughput[concurrencies[0]]
         for level in concurrencies[1:]:
             print(
-                f"[{kind}] throughput at concurrency {level} is {throughput[level] / base:.2f}x concurrency {concurrencies[0]}"
+                f"[{kind}] throughput at concurrency {level} is "
+                f"{throughput[level] / base:.2f}x concurrency {concurrencies[0]}"
             )
         return throughput
 
@@ -120,7 +123,8 @@ def main() -> int:
     if len(results) == 2:
         for level in args.concurrency:
             print(
-                f"docker/local throughput at concurrency {level}: {results['docker'][level] / results['local'][level]:.2f}"
+                f"docker/local throughput at concurrency {level}: "
+                f"{results['docker'][level] / results['local'][level]:.2f}"
             )
     return 0
 

@@ -42,10 +42,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from legorl_jax.config import Config, load_config
+from legorl_jax.core.config import Config, load_config
 from legorl_jax.fleet import Fleet, FleetError
 from legorl_jax.train.loop import Trainer
 from legorl_jax.train.run_log import read_metrics
+from legorl_jax.wiring import run_inputs
 
 # A task whose verifier flips a coin: an untrained model gets reward contrast,
 # so no step is skipped for lack of informative groups.
@@ -112,7 +113,7 @@ class StepClock:
 
 class BenchTrainer(Trainer):
     def __init__(self, config: Config) -> None:
-        super().__init__(config, progress=False)
+        super().__init__(config, run_inputs(config, progress=False), progress=False)
         self.clock: StepClock | None = None
 
     @contextlib.asynccontextmanager
@@ -214,7 +215,7 @@ async def publish_reload_vs_copy(config: Config, model_dir: Path, scratch: Path,
                 copy_s.append(await asyncio.to_thread(raw_copy, files, scratch / "raw"))
     finally:
         await server.stop(grace_s=5)
-    ratios = [(p + r) / c for p, r, c in zip(publish_s, reload_s, copy_s)]
+    ratios = [(p + r) / c for p, r, c in zip(publish_s, reload_s, copy_s, strict=True)]
     return {
         "bytes": float(nbytes),
         "publish_s": statistics.median(publish_s),
@@ -242,8 +243,11 @@ def split_table(splits: dict[int, Split]) -> str:
     def hidden(s: Split) -> str:
         return f"{100 * s.hidden:.0f}% of {'rollouts' if s.rollout < s.learner else 'learner'}"
 
+    def phase(name: str) -> Callable[[Split], str]:
+        return lambda s: seconds(getattr(s, name), s.wall)
+
     rows: list[tuple[str, Callable[[Split], str]]] = [("wall", lambda s: f"{s.wall:.2f} s")]
-    rows += [(LABELS.get(name, name), lambda s, n=name: seconds(getattr(s, n), s.wall)) for name in PHASES]
+    rows += [(LABELS.get(name, name), phase(name)) for name in PHASES]
     rows += [("hidden by overlap", hidden), ("steps (skipped)", lambda s: f"{s.steps} ({s.skipped_updates})")]
     lines = ["| per step | " + " | ".join(f"lag {lag}" for lag in splits) + " |", "| --- |" + " --- |" * len(splits)]
     lines += [f"| {label} | " + " | ".join(fmt(s) for s in splits.values()) + " |" for label, fmt in rows]

@@ -69,7 +69,8 @@ def make_model(size: str) -> CausalLM:
 def learner_steps(size: str, steps: int) -> Iterator[tuple[CausalLM, float]]:
     """The model before training, then after each AdamW step, with the step's seconds."""
     model = make_model(size)
-    graph, params, rest = nnx.split(model, nnx.Param, ...)
+    graph, params, *others = nnx.split(model, nnx.Param, ...)  # others: the one state of `...`
+    rest = others[0]
     tx = optax.adamw(LR)
     opt_state = tx.init(params)
 
@@ -181,7 +182,7 @@ def main() -> int:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-weight-sync-")))
         addresses = stack.enter_context(host_processes(max(counts), scratch))
         for size in args.sizes.split(","):
-            abstract = nnx.eval_shape(lambda: make_model(size))  # counted without allocating
+            abstract = nnx.eval_shape(functools.partial(make_model, size))  # counted without allocating
             params = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
             print(f"\n{size}: {params / 1e6:.0f}M parameters")
             print("| hosts | fan-out | full sync s | full / raw copy | delta sync s | delta / raw copy | "

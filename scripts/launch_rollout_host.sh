@@ -61,7 +61,7 @@ done
 read -r CONFIG_MODEL TP SANDBOX TOKEN < <(
   "$PYTHON" - "$CONFIG" "${OVERRIDES[@]}" <<'EOF'
 import sys
-from legorl_jax.config import ConfigError, load_config
+from legorl_jax.core.config import ConfigError, load_config
 args = sys.argv[2:]
 try:
     config = load_config(sys.argv[1], [args[i + 1] for i in range(0, len(args), 2)])

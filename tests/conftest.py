@@ -39,11 +39,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("engine contract")
     group.addoption("--engine-url", default=None, help="base URL of the engine under test (default: embedded engine)")
     group.addoption("--engine-reload-path", default=None, help="HF weights directory the engine can reload")
-    group.addoption(
-        "--engine-reload-method",
-        default="reload_weights",
-        help="collective_rpc method that reloads from a path (reload_weights_from_path with the vLLM worker extension)",
-    )
 
 
 def _browser_available() -> str | None:
@@ -92,3 +87,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from legorl_jax.models.demo_assets import build_tiny_hf_model
 
     return build_tiny_hf_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def vllm_standin(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An executable named `vllm` that runs the vLLM stand-in (tests/serve/vllm_standin.py)
+    with this interpreter: what the launcher starts where vLLM cannot be installed."""
+    import sys
+
+    script = Path(__file__).parent / "serve" / "vllm_standin.py"
+    exe = tmp_path_factory.mktemp("bin") / "vllm"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
+    exe.chmod(0o755)
+    return str(exe)

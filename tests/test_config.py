@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from legorl_jax.config import CONFIG_DIR, DEFAULT_CONFIG, Config, ConfigError, dump_config, load_config, parse_override
+from legorl_jax.core.config import (
+    CONFIG_DIR,
+    DEFAULT_CONFIG,
+    Config,
+    ConfigError,
+    dump_config,
+    load_config,
+    parse_override,
+)
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from legorl_jax.cli import main
-from legorl_jax.config import CONFIG_DIR, Config, load_config
+from legorl_jax.core.config import CONFIG_DIR, Config, load_config
 
 EXAMPLES = sorted(CONFIG_DIR.glob("*.yaml"))
 

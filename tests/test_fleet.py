@@ -154,11 +154,11 @@ def test_unreachable_fleet_is_a_clear_error() -> None:
 def test_hosts_load_published_deltas_by_location_and_catch_up(tmp_path) -> None:
     """Shared storage: every host rebuilds each delta version bit-exactly from the
     one it serves; a host that restarted empty rebuilds it from the last full one."""
+    from legorl_jax.core.weight_layout import read_tensors
     from legorl_jax.models import from_hf
     from legorl_jax.models.demo_assets import build_tiny_hf_model
     from legorl_jax.train.publish import DirectoryPublisher
     from rollout_server.weight_host import start
-    from rollout_server.weights import read_tensors
     from tests.publish.test_weight_delta import nudged, same_bits
 
     models = [from_hf(build_tiny_hf_model(tmp_path / "tiny", hidden_size=32, head_dim=8, intermediate_size=64))]

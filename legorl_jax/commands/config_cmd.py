@@ -6,7 +6,7 @@ import argparse
 import json
 
 from legorl_jax.commands import add_config_arguments
-from legorl_jax.config import Config, dump_config, load_config
+from legorl_jax.core.config import Config, dump_config, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

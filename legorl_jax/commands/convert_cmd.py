@@ -11,6 +11,10 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the models import jax, which only `run` needs
+    from legorl_jax.models.config import DType
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -40,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from legorl_jax.core.safetensors_io import SafetensorsFileError
     from legorl_jax.models import CheckpointError, UnsupportedConfigError
-    from legorl_jax.models.safetensors_io import SafetensorsFileError
 
     if args.from_orbax and not args.config_from:
         print("legorl convert: --from-orbax needs --config-from (the HF directory of the model)", file=sys.stderr)
@@ -62,7 +66,7 @@ def _convert(args: argparse.Namespace) -> Path:
     if args.from_hf:
         hf_config = read_hf_config(args.from_hf)
         stored = hf_config.get("torch_dtype") or hf_config.get("dtype")
-        dtype = args.dtype or (stored if stored in ("float32", "bfloat16") else "float32")
+        dtype: DType = args.dtype or (stored if stored in ("float32", "bfloat16") else "float32")
         model = from_hf(args.from_hf, dtype=dtype)
         tokenizer_from = args.config_from or args.from_hf
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from pathlib import Path
 
 from legorl_jax.commands import add_config_arguments
 
@@ -13,7 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="HF model directory to evaluate")
     parser.add_argument(
         "--tasks", nargs="+", default=None, metavar="PATH",
-        help="task roots or JSONL indexes (default: the config's tasks.eval plus, with tasks.demo, the held-out demo variants)",
+        help="task roots or JSONL indexes "
+        "(default: the config's tasks.eval plus, with tasks.demo, the held-out demo variants)",
     )
     parser.add_argument(
         "--harness", action="append", default=None, metavar="JSON",
@@ -25,9 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from legorl_jax.config import ConfigError, HarnessSpec, load_config
+    from legorl_jax.core.config import ConfigError, HarnessSpec, load_config
+    from legorl_jax.fleet import configured_fleet
+    from legorl_jax.train.evaluate import evaluate
     from legorl_jax.train.groups import harness_choice
-    from legorl_jax.train.loop import Trainer, task_ids
+    from legorl_jax.wiring import local_server, task_ids
 
     overrides = [*args.overrides, f"model.path={args.model}"]
     if args.tasks:  # the in-process rollout server serves the config's tasks: make it these
@@ -45,9 +49,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--samples must be at least 1")
 
     async def main() -> dict[str, float]:
-        trainer = Trainer(config, progress=False)
-        async with trainer.fleet_session(config.model.path) as fleet:
-            return await trainer.evaluate(fleet, ids * args.samples, choices)
+        async with configured_fleet(config.fleet, local_server(config), Path(args.model)) as fleet:
+            return await evaluate(fleet, config, ids * args.samples, choices, policy_version=0, step=0)
 
     results = asyncio.run(main())
     print(json.dumps({"tasks": len(ids), "samples": args.samples, **results}, indent=2))

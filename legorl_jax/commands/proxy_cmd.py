@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from legorl_jax.commands import add_config_arguments
-from legorl_jax.commands.serve_cmd import seconds_arg, add_shutdown_grace_argument
+from legorl_jax.commands.serve_cmd import add_shutdown_grace_argument, seconds_arg
 
 DEFAULT_ENGINE_WAIT_S = 120.0
 # Seconds between the engine wait's tries, and between its progress lines.
@@ -87,7 +87,7 @@ def wait_for_engine(engine_url: str, wait_s: float) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from legorl_jax.config import load_config
+    from legorl_jax.core.config import load_config
     from legorl_jax.serve.drain import serve
     from rollout_server.proxy.app import build_app
     from rollout_server.proxy.service import build_core, load_template
@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise SystemExit(f"legorl proxy: cannot use the tokenizer and chat template of {args.model}: {exc}") from None
     served, max_context = args.served_model_name, args.max_context
+    card: dict[str, Any] = {}
     if served is None or max_context is None:
         card = wait_for_engine(args.engine_url, args.engine_wait_s)
         served = served or card.get("id") or args.model
@@ -111,8 +112,11 @@ def run(args: argparse.Namespace) -> int:
             except argparse.ArgumentTypeError as exc:
                 raise SystemExit(f"legorl proxy: the engine at {args.engine_url} gives no usable context length "
                                  f"(max_model_len in /v1/models: {exc}); give it with --max-context") from None
+    # `legorl serve` (its card's owner) computes prompt logprobs at the request's temperature; any other
+    # engine is taken for vLLM, which computes them at temperature 1.
     core = build_core(args.model, args.engine_url, served_model=served, max_context=max_context,
-                      config=config.proxy, template=template)
+                      config=config.proxy, template=template,
+                      unit_temperature_prompt_logprobs=card.get("owned_by") != "legorl")
     admin_token = args.admin_token or secrets.token_urlsafe(24)
     app = build_app(core, keepalive_s=config.proxy.keepalive_s, admin_token=admin_token)
     if not args.admin_token:
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"legorl proxy: engine {args.engine_url} (model {served!r}, context {max_context})",
           file=sys.stderr, flush=True)
     # Start-up objects live as long as the proxy; frozen, a full collection no longer walks them
-    # (it stalled every session ~200 ms every few thousand calls).
+    # (each one stalled every session; docs/benchmarks.md, Proxy).
     gc.freeze()
     # No access log: a line per model call is I/O on the hot path; the trajectory records every call.
     serve(app, grace_s=args.shutdown_grace_s, host=args.host or config.proxy.host,

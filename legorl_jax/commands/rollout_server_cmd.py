@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from legorl_jax.config import ConfigError, load_config
+    from legorl_jax.core.config import ConfigError, load_config
     from rollout_server.server import RolloutServer
 
     config = load_config(args.config, args.overrides)

@@ -18,15 +18,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from legorl_jax.config import load_config
-    from legorl_jax.train.loop import Trainer
+    from legorl_jax.core.config import load_config
+    from legorl_jax.wiring import trainer as build_trainer
 
     config = load_config(args.config, args.overrides)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("legorl_jax").setLevel(logging.INFO)
     if args.verbose:
         logging.getLogger("rollout_server").setLevel(logging.INFO)
-    trainer = Trainer(config, progress=False if args.no_progress else None)
+    trainer = build_trainer(config, progress=False if args.no_progress else None)
     print(f"legorl train: run directory {trainer.run_dir}", flush=True)
     run_dir = asyncio.run(trainer.run())
     print(f"legorl train: done; metrics in {run_dir / 'metrics.jsonl'}, plot {run_dir / 'reward.png'}", flush=True)

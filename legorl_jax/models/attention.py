@@ -4,8 +4,11 @@ What runs where (`attention_kernel`; "auto" is the default):
 
 - XLA (`jax.nn.dot_product_attention(implementation="xla")`) runs everywhere
   and builds the [B, N, T, S] score matrix. It is what "auto" picks off
-  GPU/TPU, for shapes the fused kernels do not take, and for KV-cache steps
-  (the embedded engine's prefill/decode: long training rows are where a fused
+  GPU/TPU and for shapes the fused kernels do not take.
+- KV-cache steps (the embedded engine's prefill/decode) run `cached_attention`
+  whatever the setting: XLA code that reads the keys a tile at a time with an
+  online softmax, so scores never span the whole window and tiles past a
+  step's last position are skipped (long training rows are where a fused
   kernel pays, and serving on accelerator hosts is vLLM's).
 - cuDNN's fused kernel: "auto" picks it on an Ampere-or-newer NVIDIA GPU for
   training-shaped calls with 16-bit activations and head_dim a multiple of 8
@@ -194,3 +197,51 @@ def _splash_fits(head_dim: int, seq_len: int) -> bool:
     if _splash_block(seq_len) is None or head_dim % 128:
         return False
     return jax.device_count() == 1 or not jax.sharding.get_abstract_mesh().empty
+
+
+# Keys per tile of a KV-cache step: scores [rows, heads, chunk, KV_TILE] stay
+# small enough to stay in cache, and the step skips tiles no query reaches.
+KV_TILE = 512
+
+
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, tile: int = KV_TILE) -> jax.Array:
+    """Attention of a KV-cache step: q[B, T, N, H] at positions[B, T] over a
+    window k/v[B, S, K, H] whose index s holds position s -> [B, T, N, H].
+
+    A query at position p sees keys 0..p; a padding query (-1) sees key 0
+    only, so its softmax stays finite. Keys are read `tile` at a time with a
+    running max and sum (the same softmax, never an [S]-wide score row), and
+    only up to the step's furthest position: a chunk costs chunk x context
+    so far, not chunk x window.
+    """
+    b, t, n, h = q.shape
+    kv_heads = k.shape[2]
+    tile = min(tile, k.shape[1])
+    pad = -k.shape[1] % tile
+    if pad:  # keys past the window sit beyond every query's position: masked
+        k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (k, v))
+    # Query head i reads kv head i // (N / K), as dot_product_attention groups them.
+    grouped = q.reshape(b, t, kv_heads, n // kv_heads, h)
+    seen = jnp.maximum(positions, 0)[:, None, None, :, None]  # [B, 1, 1, T, 1]
+    acc_dtype = jnp.float32
+
+    def body(i: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+        top, total, acc = carry
+        kt, vt = (jax.lax.dynamic_slice_in_dim(x, i * tile, tile, axis=1) for x in (k, v))
+        scores = jnp.einsum("btkgh,bskh->bkgts", grouped, kt, preferred_element_type=acc_dtype) * h**-0.5
+        keys = i * tile + jnp.arange(tile)
+        scores = jnp.where(keys <= seen, scores, -jnp.inf)
+        new_top = jnp.maximum(top, scores.max(-1))
+        probs = jnp.exp(scores - new_top[..., None])
+        rescale = jnp.exp(top - new_top)
+        total = total * rescale + probs.sum(-1)
+        update = jnp.einsum("bkgts,bskh->bkgth", probs.astype(v.dtype), vt, preferred_element_type=acc_dtype)
+        return new_top, total, acc * rescale[..., None] + update
+
+    stats = grouped.shape[:1] + grouped.shape[2:4] + (t,)  # [B, K, G, T]
+    init = (jnp.full(stats, -jnp.inf, acc_dtype), jnp.zeros(stats, acc_dtype), jnp.zeros((*stats, h), acc_dtype))
+    # Tile 0 always runs (every query sees key 0), so the running max is finite after it.
+    tiles = jnp.max(seen) // tile + 1
+    _, total, acc = jax.lax.fori_loop(0, tiles, body, init)
+    out = (acc / total[..., None]).astype(q.dtype)  # [B, K, G, T, H]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)

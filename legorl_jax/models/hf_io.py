@@ -25,9 +25,9 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
+from legorl_jax.core.safetensors_io import SafetensorsFile, read_blocks, save_file
 from legorl_jax.models.config import AttentionKernel, DType, ModelConfig, Remat, from_hf_config, to_hf_config
 from legorl_jax.models.hf_names import IGNORED_HF_SUFFIXES, TensorMap, tensor_map
-from legorl_jax.models.safetensors_io import SafetensorsFile, read_blocks, save_file
 from legorl_jax.models.sharding import param_sharding
 from legorl_jax.models.transformer import CausalLM
 
@@ -167,7 +167,8 @@ def _load_param(
         read_blocks((files[names[key]], names[key], rest, flat[i]) for i, key in enumerate(keys))
         return out
 
-    return jax.make_array_from_callback(shape, sharding, read)
+    # jax annotates the callback's index as optional, yet asserts it is not None before each call.
+    return jax.make_array_from_callback(shape, sharding, read)  # type: ignore[arg-type]
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -196,7 +197,7 @@ def _hf_tensors(model: CausalLM, dtype: Any | None) -> Iterator[tuple[str, np.nd
     """(HF name, host array) for every tensor, one stacked parameter fetched at a time."""
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         value = var.get_value()
-        tmap = tensor_map(p)
+        tmap = tensor_map(tuple(map(str, p)))  # keys are attribute names: the model holds no lists
         host = _host_array(value, dtype or value.dtype)
         for idx, name in tmap.hf_names(host.shape):
             yield name, np.ascontiguousarray(host[idx])
@@ -223,7 +224,7 @@ def to_hf(
     writer = jax.process_index() == 0
     if writer:
         out.mkdir(parents=True, exist_ok=True)
-    stored = dtype or str(jnp.dtype(model.config.param_dtype))
+    stored = dtype or model.config.param_dtype
     shards: list[Path] = []
     weight_map: dict[str, int] = {}
     pending: dict[str, np.ndarray] = {}

@@ -64,7 +64,9 @@ def read_window(pool: jax.Array, layer: jax.Array, table: jax.Array) -> jax.Arra
     return blocks.reshape(b, n * size, *blocks.shape[3:])
 
 
-def store_new(pool: jax.Array, layer: jax.Array, table: jax.Array, window: jax.Array, positions: jax.Array) -> jax.Array:
+def store_new(
+    pool: jax.Array, layer: jax.Array, table: jax.Array, window: jax.Array, positions: jax.Array
+) -> jax.Array:
     """Copies the entries a step wrote into its window (at `positions`) back to the pool.
 
     Only those T entries per row are scattered, so the pool (a loop carry,
@@ -89,14 +91,3 @@ def write_layer(cache: jax.Array, new: jax.Array, positions: jax.Array) -> jax.A
     slots = jnp.where(positions < 0, max_len, positions)
     rows = jnp.arange(cache.shape[0])[:, None]
     return cache.at[rows, slots].set(new.astype(cache.dtype), mode="drop")
-
-
-def cache_mask(positions: jax.Array, max_len: int) -> jax.Array:
-    """bool[B, 1, T, S]: query at position p sees slots 0..p of its own row.
-
-    A padding query sees slot 0 only, so its softmax has a finite denominator
-    (its output is ignored either way).
-    """
-    slots = jnp.arange(max_len)[None, None, :]
-    q = jnp.where(positions < 0, 0, positions)[:, :, None]
-    return (slots <= q)[:, None]

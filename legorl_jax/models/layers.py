@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from legorl_jax.models.attention import attend
+from legorl_jax.models.attention import attend, cached_attention
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.kv_cache import write_layer
 from legorl_jax.models.linear import Linear
@@ -48,13 +48,14 @@ class Attention(nnx.Module):
         self,
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
-        mask: jax.Array,
+        mask: jax.Array | None,
         cache: LayerCache | None,
         positions: jax.Array,
         segment_ids: jax.Array | None,
         tree: bool = False,
     ) -> tuple[jax.Array, LayerCache | None]:
-        """x[B, T, D]; mask bool[B, 1, T, S]; with a cache, S is its length.
+        """x[B, T, D]; mask bool[B, 1, T, T] (unused with a cache: a query at
+        position p sees the cache's positions 0..p).
 
         segment_ids int32[B, T] (training steps) are the packing `mask` was
         built from: a kernel that takes them instead of a mask (splash) reads them.
@@ -67,11 +68,14 @@ class Attention(nnx.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        # The GQA head grouping is handled inside the kernel.
         if cache is not None:
             k, v = write_layer(cache[0], k, positions), write_layer(cache[1], v, positions)
             cache = (k, v)
-        # The GQA head grouping is handled inside the kernel.
-        out = attend(q, k, v, mask, kernel=self.kernel, causal=cache is None, segment_ids=segment_ids, tree=tree)
+            out = cached_attention(q, k, v, positions)
+        else:
+            assert mask is not None  # a step without a cache always brings its mask
+            out = attend(q, k, v, mask, kernel=self.kernel, causal=True, segment_ids=segment_ids, tree=tree)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache
 
 
@@ -101,7 +105,7 @@ class DecoderLayer(nnx.Module):
         self,
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
-        mask: jax.Array,
+        mask: jax.Array | None,
         cache: LayerCache | None,
         positions: jax.Array,
         valid: jax.Array,

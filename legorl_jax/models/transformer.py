@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from legorl_jax.models.config import ModelConfig
-from legorl_jax.models.kv_cache import KVCache, cache_mask, read_window, store_new
+from legorl_jax.models.kv_cache import KVCache, read_window, store_new
 from legorl_jax.models.layers import DecoderLayer, causal_segment_mask, rms_norm, segment_positions
 from legorl_jax.models.moe import RouterStats, load_balancing_loss
 from legorl_jax.models.rope import rope_tables
@@ -137,19 +137,20 @@ class CausalLM(nnx.Module):
             if cache.k.shape[1] != tokens.shape[0]:
                 raise ValueError(f"decode: cache has {cache.k.shape[1]} rows, tokens have {tokens.shape[0]}")
             block_table = jnp.arange(tokens.shape[0], dtype=jnp.int32)[:, None]
-        mask = cache_mask(positions, block_table.shape[1] * cache.block_size)
-        x, cache, _ = self._run_layers(
-            tokens, positions, mask, positions >= 0, (cache, block_table), segment_ids=None
+        # No mask: a cache step's attention reads what each query sees from its position.
+        x, new_cache, _ = self._run_layers(
+            tokens, positions, None, positions >= 0, (cache, block_table), segment_ids=None
         )
+        assert new_cache is not None  # a cache in is a cache out
         if last is not None:
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)
-        return self.logits(x), cache
+        return self.logits(x), new_cache
 
     def _run_layers(
         self,
         tokens: jax.Array,
         positions: jax.Array,
-        mask: jax.Array,
+        mask: jax.Array | None,
         valid: jax.Array,
         cache: tuple[KVCache, jax.Array] | None,
         segment_ids: jax.Array | None,
@@ -157,18 +158,22 @@ class CausalLM(nnx.Module):
     ) -> tuple[jax.Array, KVCache | None, RouterStats | None]:
         rope = rope_tables(self.config, positions)
         graphdef, params = nnx.split(self.layers)
-        pools, table = (None, None) if cache is None else ((cache[0].k, cache[0].v), cache[1])
+        pools = None if cache is None else (cache[0].k, cache[0].v)
 
         def body(carry: tuple[jax.Array, Any], xs: tuple[Any, jax.Array]) -> tuple[Any, Any]:
             x, pools = carry
             layer_params, index = xs
             layer = nnx.merge(graphdef, layer_params)
+            if cache is None:
+                x, _, stats = layer(x, rope, mask, None, positions, valid, segment_ids, tree)
+                return (x, pools), stats
             # The pools ride in the carry, so each layer updates them in place:
             # a step reads its window of blocks and writes back only its new entries.
-            window = None if pools is None else tuple(read_window(p, index, table) for p in pools)
-            x, window, stats = layer(x, rope, mask, window, positions, valid, segment_ids, tree)
-            if pools is not None:
-                pools = tuple(store_new(p, index, table, w, positions) for p, w in zip(pools, window, strict=True))
+            table = cache[1]
+            window = (read_window(pools[0], index, table), read_window(pools[1], index, table))
+            x, new_window, stats = layer(x, rope, mask, window, positions, valid, segment_ids, tree)
+            assert new_window is not None  # a layer given a window returns it updated
+            pools = tuple(store_new(p, index, table, w, positions) for p, w in zip(pools, new_window, strict=True))
             return (x, pools), stats
 
         if self.config.remat != "none":

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from legorl_jax.rl.registry import Registry
+from legorl_jax.core.registry import Registry
 
 Estimator = Callable[[np.ndarray], np.ndarray]
 ADVANTAGES: Registry[Estimator] = Registry("advantage estimator")

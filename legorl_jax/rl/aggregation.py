@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from legorl_jax.rl.registry import Registry
+from legorl_jax.core.registry import Registry
 
 # (loss tokens per sequence, constant) -> (per-token weight of each sequence, normaliser)
 Aggregation = Callable[[np.ndarray, float], tuple[np.ndarray, float]]

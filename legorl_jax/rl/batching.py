@@ -9,7 +9,9 @@ from a short list — one per bucket — and so do compilations.
 Within a row, `segment_ids` (1.., 0 = padding) keep attention inside each
 sequence and `positions` restart at 0 per sequence. The per-token training
 arrays are shifted by one so that index t describes the token predicted at
-t + 1: exactly the layout of `token_logprobs(model, tokens)`.
+t + 1: exactly the layout of `token_logprobs(model, tokens)`. A packed step
+remembers where each sequence landed (`places`), so per-target results such as
+the learner's logprobs map back to each sequence's own tokens (`per_sequence`).
 
 Prefix sharing (`share_prefixes`): sequences whose prompts start alike (a
 group's members, groups of one harness configuration) are laid out as a trie,
@@ -32,7 +34,7 @@ is dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -98,10 +100,43 @@ class MicroBatch:
 
 
 @dataclass(frozen=True)
+class TokenPlace:
+    """Where a sequence's trained tokens sit: its tokens [first, stop) fill row
+    `row` of micro-batch `micro_batch` from (unshifted) column `col` on."""
+
+    micro_batch: int
+    row: int
+    col: int
+    first: int
+    stop: int
+    length: int  # the whole sequence's, before any truncation
+
+
+@dataclass(frozen=True)
 class PackedStep:
     micro_batches: list[MicroBatch]
     normaliser: float  # divide the summed weighted loss (and its gradient) by this once
     stats: dict[str, float] = field(default_factory=dict)
+    places: list[TokenPlace | None] = field(default_factory=list)  # per input sequence; None: dropped
+
+    def per_sequence(self, targets: list[np.ndarray]) -> list[np.ndarray | None]:
+        """Per-target arrays of the micro-batches ([R, T-1] each, e.g. the learner's
+        logprobs) back in each input sequence's token order: float32[L], NaN on
+        every token not trained (context, a truncated tail); None for a dropped sequence."""
+        out: list[np.ndarray | None] = []
+        for place in self.places:
+            if place is None:
+                out.append(None)
+                continue
+            # Target t of a row describes the token at column t + 1; a row's first token has none.
+            skip = 1 if place.col == 0 else 0
+            first, col = place.first + skip, place.col + skip
+            span = (place.row, slice(col - 1, col - 1 + place.stop - first))
+            trained = self.micro_batches[place.micro_batch].loss_mask[span] > 0
+            values = np.full(place.length, np.nan, np.float32)
+            values[first : place.stop] = np.where(trained, targets[place.micro_batch][span], np.nan)
+            out.append(values)
+        return out
 
 
 @dataclass
@@ -183,7 +218,8 @@ def _trie(kept: _Kept, members: list[int], depth: int) -> list[_Node]:
     A sequence's sharable part ends at its first sampled token; past it, or
     alone, it is a leaf holding the rest of the sequence.
     """
-    nodes, by_next = [], {}
+    nodes: list[_Node] = []
+    by_next: dict[int, list[int]] = {}
     for i in members:
         if _first_sampled(kept.seqs[i]) > depth:
             by_next.setdefault(int(kept.seqs[i].token_ids[depth]), []).append(i)
@@ -233,6 +269,8 @@ def _layout(kept: _Kept, share: bool, capacity: int, max_segments: int) -> list[
     return [u for root in _trie(kept, everyone, 0) for u in _units(root, [], capacity, max_segments)]
 
 
+# (row, column, first, stop) of a kept sequence within its micro-batch
+_Where = tuple[int, int, int, int]
 _ROW_ARRAYS = {"tokens": np.int32, "positions": np.int32, "segment_ids": np.int32, "kv_end": np.int32}
 _TARGET_ARRAYS = {
     "loss_mask": np.float32, "behavior_logprobs": np.float32, "advantages": np.float32,
@@ -243,8 +281,10 @@ _TARGET_ARRAYS = {
 class _RowWriter:
     """Writes units depth-first into one row of a micro-batch's (unshifted) arrays."""
 
-    def __init__(self, out: dict[str, np.ndarray], r: int, kept: _Kept, max_segments: int) -> None:
-        self.out, self.r, self.kept, self.max_segments = out, r, kept, max_segments
+    def __init__(
+        self, out: dict[str, np.ndarray], r: int, kept: _Kept, max_segments: int, places: dict[int, _Where]
+    ) -> None:
+        self.out, self.r, self.kept, self.max_segments, self.places = out, r, kept, max_segments, places
         self.cursor = 0
         self.sequences = 0
 
@@ -279,26 +319,29 @@ class _RowWriter:
         out["advantages"][r, span] = s.advantage
         out["loss_weight"][r, span] = mask * self.kept.weights[i]
         out["seq_ids"][r, span] = r * self.max_segments + self.sequences
+        self.places[i] = (r, span.start, leaf.depth, stop)
         self.sequences += 1
 
 
 def _micro_batch(
-    rows: list[_Row], n_rows: int, bucket: int, units: list[_Node], kept: _Kept, max_segments: int
+    rows: list[_Row], n_rows: int, bucket: int, units: list[_Node], kept: _Kept, max_segments: int,
+    places: dict[int, _Where],
 ) -> MicroBatch:
+    """The micro-batch of `rows`; `places` gets (row, column, first, stop) of each kept sequence in it."""
     out = {k: np.zeros((n_rows, bucket), dtype) for k, dtype in {**_ROW_ARRAYS, **_TARGET_ARRAYS}.items()}
     # Padding sees all padding before it (segment 0), and predicts from its left neighbour.
     out["kv_end"][:] = bucket
     out["pred_from"][:] = np.arange(-1, bucket - 1)
     for r, row in enumerate(rows):
-        writer = _RowWriter(out, r, kept, max_segments)
+        writer = _RowWriter(out, r, kept, max_segments, places)
         for segment, u in enumerate(row.members, start=1):
             writer.unit(units[u], segment)
     # Shift the per-token training arrays onto the predicted position.
     shifted = {k: out[k][:, 1:] for k in _TARGET_ARRAYS}
     tree = any(units[u].branches for row in rows for u in row.members)
-    if not tree:  # without branches the tree arrays say what segment ids and the shift already say
-        out["kv_end"] = shifted["pred_from"] = None
-    return MicroBatch(**{k: out[k] for k in _ROW_ARRAYS}, **shifted, max_segments=max_segments)
+    batch = MicroBatch(**{k: out[k] for k in _ROW_ARRAYS}, **shifted, max_segments=max_segments)
+    # Without branches the tree arrays say what segment ids and the shift already say.
+    return batch if tree else replace(batch, kv_end=None, pred_from=None)
 
 
 def rows_per_micro_batch(bucket: int, micro_batch_tokens: int, row_multiple: int) -> int:
@@ -353,12 +396,16 @@ def pack_step(
         bucket = next(b for b in buckets if b >= row.used)
         by_bucket.setdefault(bucket, []).append(row)
     micro_batches = []
+    places: list[TokenPlace | None] = [None] * len(seqs)
     for bucket in sorted(by_bucket):
         rows = by_bucket[bucket]
         per_mb = rows_per_micro_batch(bucket, micro_batch_tokens, row_multiple)
         for start in range(0, len(rows), per_mb):
             part = rows[start : start + per_mb]
-            micro_batches.append(_micro_batch(part, per_mb, bucket, units, layout, max_segments))
+            found: dict[int, _Where] = {}
+            micro_batches.append(_micro_batch(part, per_mb, bucket, units, layout, max_segments, found))
+            for k, where in found.items():
+                places[kept[k]] = TokenPlace(len(micro_batches) - 1, *where, length=len(seqs[kept[k]].token_ids))
 
     slots = sum(mb.tokens.size for mb in micro_batches)
     real = sum(lengths)
@@ -376,4 +423,4 @@ def pack_step(
         "batch/dropped_sequences": float(len(seqs) - len(kseqs)),
         "batch/policy_version_min": float(min(s.policy_version for s in kseqs)),
     }
-    return PackedStep(micro_batches, normaliser, stats)
+    return PackedStep(micro_batches, normaliser, stats, places)

@@ -22,8 +22,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from legorl_jax.config import RLConfig
-from legorl_jax.rl.registry import Registry
+from legorl_jax.core.config import RLConfig
+from legorl_jax.core.registry import Registry
 
 Array = jax.Array
 

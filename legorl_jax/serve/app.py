@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from legorl_jax.core.engine_api import PauseMode
 from legorl_jax.serve.completions import CompletionRun, EngineFailure
 from legorl_jax.serve.loader import ServedModel, WeightsError
 from legorl_jax.serve.protocol import (
@@ -29,7 +30,6 @@ from legorl_jax.serve.protocol import (
     TokenizeRequest,
     error_body,
 )
-from legorl_jax.serve.scheduling import PauseMode
 
 # collective_rpc methods that reload weights from a directory: vLLM's own name,
 # and the method of the project's vLLM worker extension, so one client call

@@ -7,8 +7,12 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
+from typing import cast
 
-from legorl_jax.serve.engine import (
+from legorl_jax.serve.loader import ServedModel
+from legorl_jax.serve.output import ChoiceBuilder, ChoiceOptions
+from legorl_jax.serve.protocol import CompletionRequest, CompletionResponse, UsageInfo, error_body
+from legorl_jax.serve.request_types import (
     ErrorEvent,
     Event,
     FinishEvent,
@@ -17,9 +21,6 @@ from legorl_jax.serve.engine import (
     SamplingParams,
     TokenEvent,
 )
-from legorl_jax.serve.loader import ServedModel
-from legorl_jax.serve.output import ChoiceBuilder, ChoiceOptions
-from legorl_jax.serve.protocol import CompletionRequest, CompletionResponse, UsageInfo, error_body
 
 
 class EngineFailure(RuntimeError):
@@ -28,11 +29,12 @@ class EngineFailure(RuntimeError):
 
 def tokenize_prompts(served: ServedModel, req: CompletionRequest) -> list[list[int]]:
     prompt = req.prompt
-    if isinstance(prompt, str) or (isinstance(prompt, list) and isinstance(prompt[0], int)):
-        prompt = [prompt]  # type: ignore[list-item]
+    single = isinstance(prompt, str) or isinstance(prompt[0], int)
+    # Validation picked one member of the union, so a list's first item tells what all its items are.
+    prompts = cast("list[str | list[int]]", [prompt] if single else prompt)
     return [
         p if isinstance(p, list) else served.tokenizer.encode(p, add_special_tokens=req.add_special_tokens)
-        for p in prompt
+        for p in prompts
     ]
 
 

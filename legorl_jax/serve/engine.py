@@ -17,19 +17,28 @@ cached = 0, so each slot recomputes its K/V under the new weights.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import numpy as np
 
+from legorl_jax.core.engine_api import PauseMode
 from legorl_jax.serve.blocks import BlockPool
+from legorl_jax.serve.request_types import (
+    ErrorEvent,
+    FinishEvent,
+    FinishReason,
+    GenRequest,
+    PromptEntry,
+    PromptLogprobsEvent,
+    Slot,
+    TokenEvent,
+)
 from legorl_jax.serve.scheduling import (
-    PauseMode,
     build_inputs,
     chunk_buckets,
     row_buckets,
@@ -39,84 +48,6 @@ from legorl_jax.serve.scheduling import (
 from legorl_jax.serve.step import DeviceStep, StepOutputs
 
 log = logging.getLogger(__name__)
-
-FinishReason = Literal["stop", "length", "abort"]
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int = 0
-    stop_token_ids: frozenset[int] = frozenset()
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    ignore_eos: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenEvent:
-    token: int
-    logprob: float
-    top: list[tuple[int, float]] | None
-
-
-@dataclasses.dataclass(frozen=True)
-class PromptEntry:
-    """Logprob of one prompt token (given the tokens before it), its rank,
-    and the best alternatives as (id, logprob) when asked for."""
-
-    logprob: float
-    rank: int
-    top: list[tuple[int, float]]
-
-
-@dataclasses.dataclass(frozen=True)
-class PromptLogprobsEvent:
-    entries: list[PromptEntry]  # one per prompt token after the first
-
-
-@dataclasses.dataclass(frozen=True)
-class FinishEvent:
-    reason: FinishReason
-    stop_token: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class ErrorEvent:
-    message: str
-
-
-Event = TokenEvent | PromptLogprobsEvent | FinishEvent | ErrorEvent
-
-
-@dataclasses.dataclass
-class GenRequest:
-    request_id: str
-    prompt: list[int]
-    params: SamplingParams
-    sink: Callable[[Event], None]
-
-
-@dataclasses.dataclass
-class Slot:
-    request: GenRequest
-    tokens: list[int]
-    blocks: list[int]
-    cached: int = 0
-    prompt_entries: list[PromptEntry] | None = None
-    registered: tuple[int, int | None] = (0, None)  # prefix-cache walk: (blocks walked, last block)
-
-    @property
-    def generated(self) -> int:
-        return len(self.tokens) - len(self.request.prompt)
-
-    @property
-    def wants_prompt_logprobs(self) -> bool:
-        return self.prompt_entries is not None and self.cached < len(self.request.prompt)
-
 
 class ContextLengthError(ValueError):
     """The prompt plus the requested completion does not fit the engine's context."""
@@ -395,16 +326,20 @@ class Engine:
         self, slot: Slot, row: int, n: int, positions: np.ndarray, out: StepOutputs
     ) -> None:
         entries = slot.prompt_entries
-        assert entries is not None and out.prompt_rank is not None and out.prompt_top_ids is not None
+        logprob, rank, top_ids, top_logprobs = (
+            out.prompt_logprob, out.prompt_rank, out.prompt_top_ids, out.prompt_top_logprobs
+        )
+        assert entries is not None and logprob is not None and rank is not None
+        assert top_ids is not None and top_logprobs is not None
         n_prompt, k = len(slot.request.prompt), slot.request.params.prompt_logprobs or 0
         for t in range(n):
             # Position p scores prompt token p + 1. Positions recomputed after a
             # cache reset already have their entry and are skipped.
             if positions[row, t] == len(entries) and positions[row, t] + 1 < n_prompt:
-                top = list(zip(out.prompt_top_ids[row, t, :k].tolist(), out.prompt_top_logprobs[row, t, :k].tolist()))
-                entries.append(PromptEntry(float(out.prompt_logprob[row, t]), int(out.prompt_rank[row, t]), top))
+                top = list(zip(top_ids[row, t, :k].tolist(), top_logprobs[row, t, :k].tolist(), strict=True))
+                entries.append(PromptEntry(float(logprob[row, t]), int(rank[row, t]), top))
         if slot.cached + n >= n_prompt:
-            slot.request.sink(PromptLogprobsEvent(slot.prompt_entries))
+            slot.request.sink(PromptLogprobsEvent(entries))
             slot.prompt_entries = None
 
     def _emit_token(self, index: int, row: int, slot: Slot, out: StepOutputs) -> None:
@@ -413,7 +348,7 @@ class Engine:
         top = None
         if params.logprobs and out.top_ids is not None and out.top_logprobs is not None:
             k = params.logprobs
-            top = list(zip(out.top_ids[row, :k].tolist(), out.top_logprobs[row, :k].tolist()))
+            top = list(zip(out.top_ids[row, :k].tolist(), out.top_logprobs[row, :k].tolist(), strict=True))
         slot.tokens.append(token)
         self.counters["generation_tokens"] += 1
         slot.request.sink(TokenEvent(token, float(out.logprob[row]), top))

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 from flax import nnx
@@ -15,12 +15,15 @@ from flax import nnx
 from legorl_jax.serve.engine import Engine
 from legorl_jax.serve.step import DeviceStep
 
+if TYPE_CHECKING:
+    from legorl_jax.models.config import DType
+
 # Upper bound on the [slots, chunk, vocab] float32 logits of a step that returns
 # prompt logprobs; such steps take smaller chunks to stay under it (other steps
 # compute logits at one position per row only).
 LOGITS_BUDGET_BYTES = 256 * 2**20
-# Upper bound on one step's float32 attention scores [rows, heads, chunk, window]
-# (the XLA kernel materialises them): long contexts take smaller chunks.
+# Upper bound on one step's float32 attention scores [rows, heads, chunk, tile]
+# (`cached_attention` holds one tile of keys at a time): many rows take smaller chunks.
 SCORES_BUDGET_BYTES = 256 * 2**20
 # Positions per KV block: the unit of allocation and of prefix-cache reuse.
 BLOCK_SIZE = 32
@@ -41,7 +44,7 @@ class ServedModel:
     weights_path: Path
     config: Any
     graphdef: Any
-    dtype: str
+    dtype: DType
     _reload_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def reload(self, weights_path: str | Path) -> int:
@@ -59,7 +62,7 @@ class ServedModel:
             return version
 
 
-def _load(path: Path, dtype: str) -> tuple[Any, Any, Any]:
+def _load(path: Path, dtype: DType) -> tuple[Any, Any, Any]:
     if not (path / "config.json").is_file():
         raise WeightsError(f"{path}: not an HF model directory (no config.json)")
     from legorl_jax.models import CheckpointError, from_hf
@@ -70,6 +73,19 @@ def _load(path: Path, dtype: str) -> tuple[Any, Any, Any]:
         raise WeightsError(f"{path}: cannot load weights: {exc}") from exc
     graphdef, state = nnx.split(model)
     return graphdef, state, model.config
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The directory's tokenizer. A `tokenizer.json` is read by the fast class
+    alone: `AutoTokenizer` imports torch, a quarter GB of resident memory the
+    engine never uses; other directories go through `AutoTokenizer`."""
+    if (path / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
 
 
 def eos_token_ids(model_dir: Path, tokenizer: Any) -> frozenset[int]:
@@ -114,7 +130,7 @@ def load_served_model(
     max_slots: int = 32,
     max_len: int = 4096,
     max_chunk: int = 512,
-    dtype: str = "float32",
+    dtype: DType = "float32",
     kv_cache_dtype: str = "auto",
     kv_cache_memory_bytes: int | None = None,
     served_name: str | None = None,
@@ -125,13 +141,11 @@ def load_served_model(
     is the pool's size (default: the weights' size, 512 MiB or one max_len
     sequence, whichever is most). Requests beyond what the
     pool holds wait for blocks."""
-    from transformers import AutoTokenizer
-
     from legorl_jax.models import init_kv_cache
 
     path = Path(model_dir)
     graphdef, state, config = _load(path, dtype)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     kv_dtype = config.compute_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
     blocks = pool_blocks(state, config, kv_dtype, kv_cache_memory_bytes, max_slots, max_len)
     engine = Engine(

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from legorl_jax.serve.engine import FinishEvent, PromptEntry, TokenEvent
 from legorl_jax.serve.protocol import CompletionChoice, CompletionLogprobs
+from legorl_jax.serve.request_types import FinishEvent, PromptEntry, TokenEvent
 
 _INCOMPLETE = "\ufffd"  # what a byte-level decode yields for a cut UTF-8 sequence
 

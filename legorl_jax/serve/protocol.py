@@ -96,7 +96,7 @@ class CompletionRequest(_Lenient):
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
 
-class Message(_Lenient):
+class ChatMessage(_Lenient):
     role: str
     content: Any = None
     model_config = ConfigDict(extra="allow")
@@ -107,7 +107,7 @@ class TokenizeRequest(_Lenient):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[Message] | None = None
+    messages: list[ChatMessage] | None = None
     tools: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False

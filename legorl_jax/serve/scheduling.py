@@ -1,21 +1,18 @@
 """Host-side packing of one engine step: which tokens of which slot go in, in
-which chunk bucket, and which KV blocks the step's attention window covers. Pure functions of the slot list, kept apart from the
-engine's threading so they can be tested on their own."""
+which chunk bucket, and which KV blocks the step's attention window covers.
+Pure functions of the slot list, kept apart from the engine's threading so
+they can be tested on their own."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from legorl_jax.models.attention import KV_TILE
 from legorl_jax.serve.blocks import NULL_BLOCK
+from legorl_jax.serve.request_types import Slot
 from legorl_jax.serve.step import StepInputs
-
-if TYPE_CHECKING:
-    from legorl_jax.serve.engine import Slot
-
-PauseMode = Literal["abort", "wait", "keep"]
 
 _SEED_MOD = 2**32
 
@@ -34,8 +31,9 @@ def chunk_buckets(max_chunk: int, smallest: int = 1) -> tuple[int, ...]:
 
 def row_buckets(slots: int) -> tuple[int, ...]:
     """How many rows a step may run on: the slots it feeds, padded up to a
-    bucket; the floor of 4 keeps the number of compiled shapes small."""
-    return chunk_buckets(slots, smallest=4)
+    bucket. 1, then x4: a lone request (one long prompt, a single agent) pays
+    for no padding rows, and the number of compiled shapes stays small."""
+    return chunk_buckets(slots)
 
 
 def step_groups(slots: Sequence[Slot | None]) -> list[list[int]]:
@@ -43,7 +41,8 @@ def step_groups(slots: Sequence[Slot | None]) -> list[list[int]]:
     that feed one token (decoding) and one for those still reading a prompt:
     a step pads every row to its longest chunk, so mixing them would make each
     decoding row cost a whole prefill chunk."""
-    one, many = [], []
+    one: list[int] = []
+    many: list[int] = []
     for i, slot in enumerate(slots):
         if slot is not None and len(slot.tokens) > slot.cached:
             (one if len(slot.tokens) - slot.cached == 1 else many).append(i)
@@ -87,8 +86,9 @@ def build_inputs(
     """Arrays for one step whose row r feeds slots[r] (later rows are padding),
     and how many tokens each slot feeds. `windows` are in blocks of `block_size`.
 
-    max_pairs bounds rows x chunk x window, the (query, key) pairs whose scores
-    attention holds at once: the chunk shrinks to the largest bucket under it.
+    max_pairs bounds rows x chunk x keys per attention tile (the window when
+    smaller), the (query, key) pairs whose scores attention holds at once: the
+    chunk shrinks to the largest bucket under it.
     """
     pending = [len(s.tokens) - s.cached for s in slots]
     n_slots = pick_bucket(max(len(slots), 1), rows)
@@ -97,7 +97,7 @@ def build_inputs(
         fed = [min(p, chunk) for p in pending]
         reach = max((s.cached + n for s, n in zip(slots, fed, strict=True)), default=1)
         window = pick_bucket(-(-reach // block_size), windows)
-        if max_pairs is None or n_slots * chunk * window * block_size <= max_pairs:
+        if max_pairs is None or n_slots * chunk * min(window * block_size, KV_TILE) <= max_pairs:
             break
     tokens = np.zeros((n_slots, chunk), np.int32)
     positions = np.full((n_slots, chunk), -1, np.int32)

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from legorl_jax.config import CheckpointConfig
+from legorl_jax.core.config import CheckpointConfig
 from legorl_jax.train.step import Learner
 
 
@@ -92,7 +93,7 @@ class Checkpointer:
         )
         meta = restored["meta"]
         learner.params, learner.opt_state, learner.step = restored["params"], restored["opt_state"], int(meta["step"])
-        key = jax.random.wrap_key_data(np.asarray(restored["rng"]["key_data"]), impl=rng_impl)
+        key = jax.random.wrap_key_data(jnp.asarray(restored["rng"]["key_data"]), impl=rng_impl)
         return RestoredState(int(meta["step"]), int(meta["policy_version"]), key, dict(meta["cursor"]))
 
     def wait(self) -> None:

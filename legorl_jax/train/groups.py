@@ -12,7 +12,9 @@ import json
 import random
 from dataclasses import dataclass
 
-from legorl_jax.config import HarnessSpec
+from legorl_jax.core.config import Config, HarnessSpec
+from legorl_jax.fleet import GroupSpec
+from protos.legorl.v1 import rollout_pb2 as pb
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,32 @@ def harness_choice(spec: HarnessSpec) -> HarnessChoice:
     else:
         config_id = spec.name
     return HarnessChoice(spec.name, options_json, config_id)
+
+
+def group_spec(
+    config: Config, task_id: str, harness: HarnessChoice, group_size: int, *, policy_version: int, step: int
+) -> GroupSpec:
+    """A group of `group_size` trials of one task and harness configuration,
+    sampled at `policy_version` and labelled with the step it is for (`step` + 1)."""
+    sampling = config.rl.sampling
+    return GroupSpec(
+        task=pb.TaskRef(task_id=task_id),
+        harness=pb.HarnessConfig(name=harness.name, options_json=harness.options_json, config_id=harness.config_id),
+        group_size=group_size,
+        sampling=pb.SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=sampling.max_tokens,
+            seed=config.seed,
+        ),
+        policy_version=policy_version,
+        limits=pb.TrialLimits(
+            agent_timeout_s=config.fleet.agent_timeout_s,
+            verifier_timeout_s=config.fleet.verifier_timeout_s,
+        ),
+        labels=(("run", config.logging.run_name), ("step", str(step + 1))),
+    )
 
 
 class GroupSampler:

@@ -17,22 +17,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import jax
+import numpy as np
+from tqdm import tqdm
 
-from legorl_jax.config import REPO_ROOT, Config, dump_config
-from legorl_jax.fleet import Fleet, GroupResult, GroupSpec
-from legorl_jax.train.assemble import assemble, is_informative, rollout_metrics
-from legorl_jax.train.groups import GroupSampler, HarnessChoice, harness_choice
+from legorl_jax.core.config import Config, dump_config
+from legorl_jax.fleet import Fleet, GroupResult, LocalServer, configured_fleet
+from legorl_jax.models import from_hf
+from legorl_jax.rl.batching import TrainSequence
+from legorl_jax.train.assemble import assemble, is_informative
+from legorl_jax.train.checkpoint import Checkpointer
+from legorl_jax.train.evaluate import evaluate
+from legorl_jax.train.groups import GroupSampler, HarnessChoice, group_spec, harness_choice
+from legorl_jax.train.plot import plot_run
 from legorl_jax.train.publish import DirectoryPublisher, WeightSubscribers, publish_weights
 from legorl_jax.train.rollout_log import RolloutLog
 from legorl_jax.train.run_log import RunLog
-from protos.legorl.v1 import rollout_pb2 as pb
+from legorl_jax.train.sharding import learner_mesh
+from legorl_jax.train.step import Learner
+from legorl_jax.train.weight_stream import WeightStreamer
 
 log = logging.getLogger(__name__)
 
@@ -47,41 +56,50 @@ def run_directory(config: Config) -> Path:
     return Path(config.logging.run_dir) / config.logging.run_name
 
 
-def task_ids(config: Config, split: str) -> list[str]:
-    """The ids of the configured training or evaluation tasks (`split` "train" or "eval")."""
-    from rollout_server.demo_families import demo_task_splits
-    from rollout_server.tasks import load_tasks
+@dataclass(frozen=True)
+class RunInputs:
+    """What the loop takes from outside the learner (`legorl_jax.wiring` builds
+    it): the model directory to start from (built on first use, so a callable),
+    the task ids of a split ("train" or "eval"), and a rollout server started
+    in this process on given weights, yielding its address, for a config that
+    lists no servers."""
 
-    tasks = load_tasks(config.tasks.train if split == "train" else config.tasks.eval)
-    if config.tasks.demo:
-        tasks.extend(demo_task_splits(config.tasks.demo_variants)[split])
-    return [t.name for t in tasks]
+    model_dir: Callable[[], Path]
+    task_ids: Callable[[Literal["train", "eval"]], list[str]]
+    local_server: LocalServer
+
+
+@dataclass
+class _Run:
+    """What a run holds while it steps: the fleet and what publishes to it, the
+    task sampler, the learner and its checkpoints, the logs, the evaluation set."""
+
+    fleet: Fleet
+    subscribers: WeightSubscribers
+    sampler: GroupSampler
+    learner: Learner
+    checkpoints: Checkpointer
+    publisher: DirectoryPublisher
+    runlog: RunLog
+    rng: jax.Array
+    eval_ids: list[str]
+    choices: list[HarnessChoice]
+    progress: tqdm
 
 
 class Trainer:
-    def __init__(self, config: Config, *, progress: bool | None = None) -> None:
+    def __init__(self, config: Config, inputs: RunInputs, *, progress: bool | None = None) -> None:
         self.config = config
+        self.inputs = inputs
         self.run_dir = run_directory(config)
         self.progress = config.logging.progress if progress is None else progress
         self.version = 0
         self.step = 0
-        self.rollouts: RolloutLog | None = None  # set by run(); `legorl eval` keeps no rollout log
+        self.rollouts: RolloutLog | None = None  # set by run()
 
     # ---------------------------------------------------------------- setup --
 
-    def _model_dir(self) -> Path:
-        if self.config.model.path is not None:
-            return Path(self.config.model.path)
-        from legorl_jax.train.demo_model import ensure_demo_model
-
-        cache = Path(os.environ.get("LEGORL_CACHE", REPO_ROOT / ".cache"))
-        return ensure_demo_model(cache / "demo_model", progress=self.progress)
-
     def _build_learner(self, model_dir: Path):
-        from legorl_jax.models import from_hf
-        from legorl_jax.train.sharding import learner_mesh
-        from legorl_jax.train.step import Learner
-
         cfg = self.config
         mesh = learner_mesh(cfg.learner.mesh)
         model = from_hf(
@@ -94,48 +112,11 @@ class Trainer:
         )
         return Learner(model, cfg.rl, cfg.learner, mesh)
 
-    @contextlib.asynccontextmanager
-    async def fleet_session(self, first_weights: Path) -> AsyncIterator[Fleet]:
+    def fleet_session(self, first_weights: Path) -> contextlib.AbstractAsyncContextManager[Fleet]:
         """The configured fleet, or one rollout server in this process."""
-        cfg = self.config.fleet
-        server = None
-        addresses = list(cfg.servers)
-        if not addresses:
-            from rollout_server.server import RolloutServer
-
-            server = RolloutServer(self.config, first_weights, address="127.0.0.1:0")
-            addresses = [await server.start()]
-        try:
-            async with Fleet(
-                addresses, max_retries=cfg.max_retries, rpc_timeout_s=cfg.rpc_timeout_s, security=cfg.security
-            ) as fleet:
-                yield fleet
-        finally:
-            if server is not None:
-                await server.stop(grace_s=30)
+        return configured_fleet(self.config.fleet, self.inputs.local_server, first_weights)
 
     # ------------------------------------------------------------- rollouts --
-
-    def _spec(self, task_id: str, harness: HarnessChoice, group_size: int) -> GroupSpec:
-        sampling = self.config.rl.sampling
-        return GroupSpec(
-            task=pb.TaskRef(task_id=task_id),
-            harness=pb.HarnessConfig(name=harness.name, options_json=harness.options_json, config_id=harness.config_id),
-            group_size=group_size,
-            sampling=pb.SamplingParams(
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                max_tokens=sampling.max_tokens,
-                seed=self.config.seed,
-            ),
-            policy_version=self.version,
-            limits=pb.TrialLimits(
-                agent_timeout_s=self.config.fleet.agent_timeout_s,
-                verifier_timeout_s=self.config.fleet.verifier_timeout_s,
-            ),
-            labels=(("run", self.config.logging.run_name), ("step", str(self.step + 1))),
-        )
 
     async def _collect(self, fleet: Fleet, sampler: GroupSampler) -> Batch:
         rl = self.config.rl
@@ -143,7 +124,10 @@ class Trainer:
         groups: list[GroupResult] = []
         informative = 0
         for _ in range(rl.max_sampling_rounds if rl.dynamic_sampling else 1):
-            specs = [self._spec(*sampler.next(), rl.group_size) for _ in range(rl.groups_per_step - informative)]
+            specs = [
+                group_spec(self.config, *sampler.next(), rl.group_size, policy_version=self.version, step=self.step)
+                for _ in range(rl.groups_per_step - informative)
+            ]
             async for group in fleet.rollout(specs):
                 groups.append(group)
                 informative += is_informative(group)
@@ -151,30 +135,28 @@ class Trainer:
                 break
         return Batch(groups, time.monotonic() - started, version)
 
-    async def evaluate(self, fleet: Fleet, eval_ids: list[str], choices: list[HarnessChoice]) -> dict[str, float]:
-        specs = [self._spec(task, choice, 1) for task in eval_ids for choice in choices]
-        groups = [g async for g in fleet.rollout(specs)]
-        metrics = rollout_metrics(groups)
-        if self.rollouts is not None:
-            await asyncio.to_thread(self.rollouts.write, self.step, "eval", [t for g in groups for t in g.trajectories])
-        out = {"eval_pass_rate": metrics.get("pass_rate", 0.0), "eval_reward": metrics.get("reward/mean", 0.0)}
-        out.update({f"eval_{k}": v for k, v in metrics.items() if k.startswith("pass_rate/")})
-        return out
+    async def _evaluate(self, run: _Run) -> float:
+        """Evaluates the policy the fleet serves into the run log; returns its pass rate."""
+        metrics = await evaluate(
+            run.fleet, self.config, run.eval_ids, run.choices,
+            policy_version=self.version, step=self.step, rollouts=self.rollouts,
+        )
+        run.runlog.write({"step": self.step, "kind": "eval", **metrics})
+        return metrics["eval_pass_rate"]
 
     # ----------------------------------------------------------------- loop --
 
     async def run(self) -> Path:
-        from legorl_jax.train.checkpoint import Checkpointer
-
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
-        model_dir = await asyncio.to_thread(self._model_dir)  # the demo model's build runs an event loop of its own
+        # In a thread: building the demo model runs an event loop of its own.
+        model_dir = await asyncio.to_thread(self.inputs.model_dir)
         learner = await asyncio.to_thread(self._build_learner, model_dir)
         checkpoints = Checkpointer(self.run_dir / "checkpoints", cfg.learner.checkpoint)
         rng = jax.random.key(cfg.seed)
-        train_ids = task_ids(cfg, "train")
-        eval_ids = task_ids(cfg, "eval")
+        train_ids = self.inputs.task_ids("train")
+        eval_ids = self.inputs.task_ids("eval")
         if not eval_ids:
             log.warning("no held-out tasks configured: evaluating on the training tasks")
             eval_ids = train_ids
@@ -186,7 +168,9 @@ class Trainer:
             sampler.restore(restored.cursor.get("sampler", {}))
             log.info("resumed from checkpoint at step %d (policy version %d)", self.step, self.version)
         runlog = RunLog(self.run_dir, resume_step=self.step, tensorboard=cfg.logging.tensorboard)
-        self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=self.step)
+        self.rollouts = RolloutLog(
+            self.run_dir, model_dir, resume_step=self.step, tokens=cfg.logging.rollout_tokens
+        )
         weights_dir = cfg.fleet.weights_dir or self.run_dir / "weights"
         # The engines sample in the learner's compute dtype: publishing in it halves the bytes of f32 masters.
         publisher = DirectoryPublisher(
@@ -200,21 +184,20 @@ class Trainer:
             async with self.fleet_session(Path(location.removeprefix("file://"))) as fleet:
                 subscribers = self._subscribers(fleet)
                 await subscribers.update_weights(self.version, location)
-                if self.step == 0:
-                    runlog.write({"step": 0, "kind": "eval", **await self.evaluate(fleet, eval_ids, choices)})
-                await self._steps(
+                run = _Run(
                     fleet, subscribers, sampler, learner, checkpoints, publisher, runlog, rng, eval_ids, choices,
                     progress,
                 )
+                if self.step == 0:
+                    await self._evaluate(run)
+                await self._steps(run)
                 if self.step % cfg.tasks.eval_every != 0:
-                    runlog.write({"step": self.step, "kind": "eval", **await self.evaluate(fleet, eval_ids, choices)})
+                    await self._evaluate(run)
         finally:
             progress.close()
             checkpoints.wait()
             checkpoints.close()
             runlog.close()
-        from legorl_jax.train.plot import plot_run
-
         plot_run(self.run_dir)
         return self.run_dir
 
@@ -228,17 +211,23 @@ class Trainer:
             producer.result()  # raises what killed it
         return get.result()
 
+    def _train(
+        self, learner: Learner, sequences: list[TrainSequence]
+    ) -> tuple[dict[str, float], list[np.ndarray | None]]:
+        """One update: its metrics, and its per-token logprobs when the rollout log keeps them."""
+        result = learner.update(learner.pack(sequences))
+        keep = self.rollouts is not None and self.rollouts.wants_learner_logprobs()
+        return result.metrics, result.sequence_logprobs() if keep else []
+
     def _subscribers(self, fleet: Fleet) -> WeightSubscribers:
         if self.config.fleet.weights_transport == "location":
             return fleet
-        from legorl_jax.train.weight_stream import WeightStreamer
-
         return WeightStreamer(fleet.addresses, security=fleet.security, relay=self.config.fleet.weights_relay)
 
-    async def _steps(
-        self, fleet, subscribers, sampler, learner, checkpoints, publisher, runlog, rng, eval_ids, choices, progress
-    ):
-        cfg = self.config
+    async def _steps(self, run: _Run) -> None:
+        cfg, learner, sampler = self.config, run.learner, run.sampler
+        rollouts = self.rollouts
+        assert rollouts is not None  # run() opens the rollout log before stepping
         lag = cfg.rl.max_policy_lag
         ahead: asyncio.Queue[Batch] = asyncio.Queue(maxsize=max(lag, 1))
         # The batch for step s may start only once step s-1-lag is done, so every
@@ -251,16 +240,17 @@ class Trainer:
             async def produce() -> None:
                 while True:
                     await may_start.acquire()
-                    await ahead.put(await self._collect(fleet, sampler))
+                    await ahead.put(await self._collect(run.fleet, sampler))
 
             producer = asyncio.create_task(produce())
         try:
             while self.step < cfg.total_steps:
-                batch = await (self._next_batch(ahead, producer) if producer else self._collect(fleet, sampler))
+                batch = await (self._next_batch(ahead, producer) if producer else self._collect(run.fleet, sampler))
                 assembled = assemble(batch.groups, cfg.rl.advantage, min_policy_version=self.version - lag)
                 started = time.monotonic()
+                learner_logprobs: list[np.ndarray | None] = []  # per trained sequence, for rollouts.jsonl
                 if assembled.sequences:
-                    metrics = await asyncio.to_thread(lambda: learner.train_step(learner.pack(assembled.sequences)))
+                    metrics, learner_logprobs = await asyncio.to_thread(self._train, learner, assembled.sequences)
                 else:
                     metrics = {"skipped_update": 1.0}  # no group had reward contrast after every retry
                     learner.step += 1
@@ -268,11 +258,11 @@ class Trainer:
                 self.step = learner.step
                 # The version moves once the fleet serves it: a rollout started meanwhile
                 # (lag > 0) must not ask for weights no server has loaded yet.
-                published = await publish_weights(publisher, subscribers, learner.model(), self.version + 1)
+                published = await publish_weights(run.publisher, run.subscribers, learner.model(), self.version + 1)
                 self.version = published.version
                 may_start.release()
                 cursor = {"sampler": sampler.cursor}
-                checkpoints.save(learner, policy_version=self.version, rng=rng, cursor=cursor)
+                run.checkpoints.save(learner, policy_version=self.version, rng=run.rng, cursor=cursor)
                 record = {
                     "step": self.step,
                     "kind": "train",
@@ -286,20 +276,23 @@ class Trainer:
                     "throughput/tokens_per_s": assembled.metrics.get("rollout/completion_tokens", 0.0)
                     / max(batch.rollout_s, 1e-9),
                 }
-                runlog.write(record)
+                run.runlog.write(record)
                 # Decoding every sampled span takes a while at scale: off the loop, where the next batch's
                 # rollouts (lag > 0) are being collected.
                 trajectories = [t for g in batch.groups for t in g.trajectories]
-                await asyncio.to_thread(self.rollouts.write, self.step, "train", trajectories, assembled.sequences)
-                runlog.show(record, progress.write)
-                progress.update(1)
-                progress.set_postfix(reward=f"{record.get('reward/mean', 0.0):.3f}")
+                await asyncio.to_thread(
+                    rollouts.write, self.step, "train", trajectories, assembled.sequences, learner_logprobs
+                )
+                run.runlog.show(record, run.progress.write)
+                run.progress.update(1)
+                run.progress.set_postfix(reward=f"{record.get('reward/mean', 0.0):.3f}")
                 if self.step % cfg.tasks.eval_every == 0:
-                    evaluation = await self.evaluate(fleet, eval_ids, choices)
-                    runlog.write({"step": self.step, "kind": "eval", **evaluation})
-                    progress.write(f"eval @ step {self.step}: pass rate {evaluation['eval_pass_rate']:.3f}")
-            if checkpoints.latest_step() != learner.step:
-                checkpoints.save(learner, policy_version=self.version, rng=rng, cursor={"sampler": sampler.cursor}, force=True)
+                    pass_rate = await self._evaluate(run)
+                    run.progress.write(f"eval @ step {self.step}: pass rate {pass_rate:.3f}")
+            if run.checkpoints.latest_step() != learner.step:
+                run.checkpoints.save(
+                    learner, policy_version=self.version, rng=run.rng, cursor={"sampler": sampler.cursor}, force=True
+                )
         finally:
             if producer is not None:
                 producer.cancel()
@@ -308,6 +301,4 @@ class Trainer:
 
 
 def _progress(total: int, done: int, enabled: bool):
-    from tqdm import tqdm
-
     return tqdm(total=total, initial=done, desc="train", unit="step", disable=not enabled, dynamic_ncols=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optax
 
-from legorl_jax.config import OptimizerConfig
+from legorl_jax.core.config import OptimizerConfig
 
 
 def learning_rate_schedule(cfg: OptimizerConfig) -> optax.Schedule:

@@ -25,7 +25,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     for key, label in (("reward/mean", "train reward"), ("pass_rate", "train pass rate")):
         points = [(r["step"], r[key]) for r in train if r.get(key) is not None]
         if points:
-            ax.plot(*zip(*points), marker=".", label=label)
+            ax.plot(*zip(*points, strict=True), marker=".", label=label)
     if evals:
         ax.plot([r["step"] for r in evals], [r["eval_pass_rate"] for r in evals], "s--", label="eval pass rate")
     ax.set_xlabel("step")

@@ -18,10 +18,10 @@ that dies half-way leaves `LATEST` on the previous version. Versions beyond the
 newest `keep` are deleted; `keep` must cover the policy lag, since a server may
 still be asked to load a version a step or two old.
 
-Every version carries `weights.json` (`rollout_server.weights.Manifest`: the
+Every version carries `weights.json` (`legorl_jax.core.weight_layout.Manifest`: the
 version and the digest of its exact tensors). With `full_every` K > 1 every
 version after the first is also a delta against the one before
-(`rollout_server.weight_delta`: the stored elements whose bits changed,
+(`legorl_jax.core.weight_delta`: the stored elements whose bits changed,
 compressed), and only every K-th version (and the first, and any after a gap)
 is also a full checkpoint. A host serving the version before applies the
 delta; one that missed versions rebuilds from the last full checkpoint and
@@ -54,11 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 
-from legorl_jax.models import CausalLM, to_hf
-from legorl_jax.models.config import DType
-from legorl_jax.models.hf_io import _hf_tensors
-from rollout_server.weight_delta import encode_delta, read_header, weights_digest
-from rollout_server.weights import (
+from legorl_jax.core.weight_delta import encode_delta, read_header, weights_digest
+from legorl_jax.core.weight_layout import (
     DELTA_FILE,
     MANIFEST_FILE,
     Manifest,
@@ -66,6 +63,9 @@ from rollout_server.weights import (
     read_tensors,
     version_dir_name,
 )
+from legorl_jax.models import CausalLM, to_hf
+from legorl_jax.models.config import DType
+from legorl_jax.models.hf_io import _hf_tensors
 
 log = logging.getLogger(__name__)
 

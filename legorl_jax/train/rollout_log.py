@@ -5,16 +5,22 @@ status, reward, the verifier's error, and the text of what the policy
 sampled, span by span), so a curve that does not move can be explained by
 reading what the agent did. Each record also carries its token sequences for
 `legorl view`: token ids with each token's text, the sampled spans, the
-behaviour logprob of every sampled token and the advantage the sequence was
-trained on. Cut back to the restored step on resume, like the metrics file.
+behaviour and learner logprob of every sampled token and the advantage the
+sequence was trained on. `logging.rollout_tokens` bounds the file: token
+records for every sequence, for trained ones only, or for none (then a
+sequence keeps its spans and summary). Cut back to the restored step on
+resume, like the metrics file.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+import numpy as np
 
 from legorl_jax.train.run_log import cut_back
 from protos.legorl.v1 import rollout_pb2 as pb
@@ -25,10 +31,13 @@ _MAX_SPLIT_TOKENS = 4
 
 
 class Trained(Protocol):
-    """What the log needs of a learner sequence (`rl.batching.TrainSequence`)."""
+    """What the log needs of a learner sequence (`rl.batching.TrainSequence`);
+    read-only, so frozen dataclasses match."""
 
-    token_ids: Any
-    advantage: float
+    @property
+    def token_ids(self) -> Any: ...
+    @property
+    def advantage(self) -> float: ...
 
 
 def sampled_spans(token_ids: list[int], loss_mask: list[int]) -> list[list[int]]:
@@ -84,20 +93,20 @@ def token_pieces(decode: Callable[[list[int]], str], token_ids: list[int], cache
     return pieces
 
 
-def trained_advantages(trajectories: Sequence[pb.Trajectory], trained: Sequence[Trained]) -> list[list[float | None]]:
-    """The advantage each trajectory's sequences were trained on (None: not trained).
+def trained_index(trajectories: Sequence[pb.Trajectory], trained: Sequence[Trained]) -> list[list[int | None]]:
+    """For each trajectory's sequences, its index among the learner's sequences (None: not trained).
 
     The learner's sequences keep the trajectories' order and drop whole
     trajectories or single sequences, so one in-order walk matching token ids
     pairs them up.
     """
-    out: list[list[float | None]] = []
+    out: list[list[int | None]] = []
     i = 0
     for trajectory in trajectories:
-        row: list[float | None] = []
+        row: list[int | None] = []
         for seq in trajectory.sequences:
             if i < len(trained) and list(trained[i].token_ids) == list(seq.token_ids):
-                row.append(float(trained[i].advantage))
+                row.append(i)
                 i += 1
             else:
                 row.append(None)
@@ -105,24 +114,45 @@ def trained_advantages(trajectories: Sequence[pb.Trajectory], trained: Sequence[
     return out
 
 
+def trained_advantages(trajectories: Sequence[pb.Trajectory], trained: Sequence[Trained]) -> list[list[float | None]]:
+    """The advantage each trajectory's sequences were trained on (None: not trained)."""
+    rows = trained_index(trajectories, trained)
+    return [[None if i is None else float(trained[i].advantage) for i in row] for row in rows]
+
+
+def _rounded(value: float) -> float | None:
+    # 4 decimals keep the file small; NaN (a token the learner did not train) is null.
+    return round(float(value), 4) if math.isfinite(value) else None
+
+
 class RolloutLog:
-    def __init__(self, run_dir: Path, tokenizer_dir: Path, *, resume_step: int) -> None:
+    def __init__(
+        self, run_dir: Path, tokenizer_dir: Path, *, resume_step: int,
+        tokens: Literal["all", "train", "none"] = "all",
+    ) -> None:
         from transformers import AutoTokenizer  # deferred: seconds to import
 
         self.path = Path(run_dir) / ROLLOUTS_FILE
+        self.tokens = tokens
         self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self._pieces: dict[int, str] = {}
         cut_back(self.path, resume_step)
 
-    def _sequence(self, seq: pb.TokenSequence, advantage: float | None) -> dict[str, Any]:
-        ids, mask = list(seq.token_ids), list(seq.loss_mask)
-        # Only sampled tokens have a behaviour logprob; 4 decimals keep the file small.
-        logprobs = [round(lp, 4) for lp, bit in zip(seq.behavior_logprobs, mask) if bit]
-        return {
-            "ids": ids,
-            "pieces": token_pieces(self._tokenizer.decode, ids, self._pieces),
+    def wants_learner_logprobs(self) -> bool:
+        """Whether `write` would keep learner logprobs (the learner need not copy them to host otherwise)."""
+        return self.tokens != "none"
+
+    def _decode(self, ids: list[int]) -> str:
+        text = self._tokenizer.decode(ids)
+        assert isinstance(text, str)  # one sequence in, one text out (decode is typed for batches too)
+        return text
+
+    def _sequence(
+        self, seq: pb.TokenSequence, advantage: float | None, learner: np.ndarray | None
+    ) -> dict[str, Any]:
+        mask = list(seq.loss_mask)
+        out: dict[str, Any] = {
             "spans": span_bounds(mask),
-            "logprobs": logprobs,
             "advantage": advantage,
             "policy_version": seq.policy_version,
             "side_call": seq.side_call,
@@ -130,16 +160,31 @@ class RolloutLog:
             "root_reason": seq.root_reason,
             "recomputed_tokens": seq.recomputed_tokens,
         }
+        if self.tokens == "none" or (self.tokens == "train" and advantage is None):
+            return out
+        ids = list(seq.token_ids)
+        # Only sampled tokens have logprobs: both lists run over them in order.
+        sampled = np.asarray(mask, bool)
+        out.update(
+            ids=ids,
+            pieces=token_pieces(self._decode, ids, self._pieces),
+            logprobs=[round(lp, 4) for lp, bit in zip(seq.behavior_logprobs, mask, strict=False) if bit],
+            learner_logprobs=None if learner is None else [_rounded(lp) for lp in np.asarray(learner)[sampled]],
+        )
+        return out
 
     def record(
-        self, step: int, kind: str, trajectory: pb.Trajectory, advantages: list[float | None] | None = None
+        self, step: int, kind: str, trajectory: pb.Trajectory, advantages: list[float | None] | None = None,
+        learner_logprobs: list[np.ndarray | None] | None = None,
     ) -> dict[str, Any]:
+        """One trajectory's line; per sequence the advantage and learner logprobs (token order; None: not trained)."""
         texts = [
             self._tokenizer.decode(span)
             for seq in trajectory.sequences
             for span in sampled_spans(list(seq.token_ids), list(seq.loss_mask))
         ]
         advantages = advantages or [None] * len(trajectory.sequences)
+        learner_logprobs = learner_logprobs or [None] * len(trajectory.sequences)
         m = trajectory.metrics
         return {
             "step": step,
@@ -161,14 +206,20 @@ class RolloutLog:
                 "verify_s": round(m.phase_times.verify_s, 3),
             },
             "sampled": texts,
-            "sequences": [self._sequence(s, a) for s, a in zip(trajectory.sequences, advantages, strict=True)],
+            "sequences": [
+                self._sequence(s, a, lp)
+                for s, a, lp in zip(trajectory.sequences, advantages, learner_logprobs, strict=True)
+            ],
         }
 
     def write(
-        self, step: int, kind: str, trajectories: list[pb.Trajectory], trained: Sequence[Trained] = ()
+        self, step: int, kind: str, trajectories: list[pb.Trajectory], trained: Sequence[Trained] = (),
+        learner_logprobs: Sequence[np.ndarray | None] = (),
     ) -> None:
-        """Appends one line per trajectory; `trained` (the learner's sequences) gives the advantages."""
-        advantages = trained_advantages(trajectories, trained)
+        """Appends one line per trajectory. `trained` (the learner's sequences) gives the advantages;
+        `learner_logprobs`, when given, each trained sequence's logprobs in its token order (NaN: not trained)."""
         with self.path.open("a") as f:
-            for trajectory, row in zip(trajectories, advantages, strict=True):
-                f.write(json.dumps(self.record(step, kind, trajectory, row)) + "\n")
+            for trajectory, row in zip(trajectories, trained_index(trajectories, trained), strict=True):
+                advantages = [None if i is None else float(trained[i].advantage) for i in row]
+                learner = [None if i is None or not learner_logprobs else learner_logprobs[i] for i in row]
+                f.write(json.dumps(self.record(step, kind, trajectory, advantages, learner)) + "\n")

@@ -82,7 +82,7 @@ class RunLog:
 
     def table_row(self, record: dict[str, Any]) -> str:
         cells = []
-        for header, key, fmt in COLUMNS:
+        for _header, key, fmt in COLUMNS:
             value = record.get(key)
             width = len(fmt.format(0.0))
             cells.append(fmt.format(value) if isinstance(value, int | float) else "-".rjust(width))
@@ -92,7 +92,7 @@ class RunLog:
         emit = print_fn or (lambda text: print(text, file=self.out, flush=True))
         if not self._header_shown:
             widths = [len(fmt.format(0.0)) for _, _, fmt in COLUMNS]
-            emit(" ".join(h.rjust(w) for (h, _, _), w in zip(COLUMNS, widths)))
+            emit(" ".join(h.rjust(w) for (h, _, _), w in zip(COLUMNS, widths, strict=True)))
             self._header_shown = True
         emit(self.table_row(record))
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from legorl_jax.config import MeshConfig
+from legorl_jax.core.config import MeshConfig
 from legorl_jax.models import batch_sharding, make_mesh, partition_spec
 
 Params = dict[str, Any]  # nested dict of arrays, the pure-dict form of nnx.State
@@ -56,7 +56,7 @@ def param_shardings(params: Params, mesh: Mesh) -> Params:
 def like_params(tree: Any, params: Params, shardings: Params, mesh: Mesh) -> Any:
     """Shardings for a pytree (e.g. optimizer state) whose param-shaped subtrees
     take the parameters' shardings and whose other leaves are replicated."""
-    param_def = jax.tree.structure(params)
+    param_def: Any = jax.tree.structure(params)  # jaxlib ships no type stub for PyTreeDef
 
     def is_param_tree(x: Any) -> bool:
         return jax.tree.structure(x) == param_def
@@ -70,5 +70,5 @@ def put_batch(arrays: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]
     """Host arrays (identical on every process) → global arrays split by rows."""
     sharding = batch_sharding(mesh)
     return {
-        k: jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx]) for k, v in arrays.items()
+        k: jax.make_array_from_callback(v.shape, sharding, v.__getitem__) for k, v in arrays.items()
     }

@@ -10,20 +10,24 @@ Every jitted function has explicit in/out shardings over the mesh, so the same
 code runs on one CPU, 8 fake devices, a GPU host or a TPU pod slice.
 Rematerialisation is the model's own policy (`from_hf(..., remat=model.remat)`),
 applied per scanned layer; logprobs come from the model's chunked
-`token_logprobs` at the rollout temperature.
+`token_logprobs` at the rollout temperature. `update` also hands back those
+per-token logprobs (`StepResult`, left on device until asked for), which
+`rollouts.jsonl` records beside the engine's.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from legorl_jax.config import LearnerConfig, RLConfig
+from legorl_jax.core.config import LearnerConfig, RLConfig
 from legorl_jax.models import CausalLM, batch_sharding, token_logprobs_with_aux
 from legorl_jax.rl.batching import MicroBatch, PackedStep, TrainSequence, pack_step
 from legorl_jax.rl.losses import PolicyInputs, policy_loss
@@ -47,6 +51,24 @@ TREE_KEYS = ("kv_end", "pred_from")
 FLOAT_KEYS = ("loss_mask", "behavior_logprobs", "advantages", "loss_weight")
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """One update's metrics and the per-token logprobs the loss used (the policy before the update)."""
+
+    metrics: dict[str, float]
+    packed: PackedStep
+    logprobs: list[Array]  # per micro-batch, [R, T-1] like its loss inputs
+
+    def sequence_logprobs(self) -> list[np.ndarray | None]:
+        """The learner's logprob of each trained token, per packed sequence in its own token order
+        (`PackedStep.per_sequence`). Copied to host only when asked for."""
+        host = [
+            np.asarray(x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True))
+            for x in self.logprobs
+        ]
+        return self.packed.per_sequence(host)
+
+
 class Learner:
     """Parameters, optimizer state and the jitted step functions of one policy.
 
@@ -59,8 +81,8 @@ class Learner:
     ) -> None:
         self.rl, self.cfg, self.mesh, self.max_segments = rl, learner, mesh, max_segments
         # Pure dicts of arrays: what optax, orbax and jit shardings handle natively.
-        self.graphdef, state, rest = nnx.split(model, nnx.Param, ...)
-        params, rest = state.to_pure_dict(), rest.to_pure_dict()
+        self.graphdef, state, *others = nnx.split(model, nnx.Param, ...)  # others: the one state of `...`
+        params, rest = state.to_pure_dict(), others[0].to_pure_dict()
         self.model_config = model.config
         self.param_sh = param_shardings(params, mesh)
         # Copies, not aliases: updates donate (free) the learner's buffers, and the
@@ -87,7 +109,7 @@ class Learner:
         self._micro = jax.jit(
             self._micro_step,
             in_shardings=(self.param_sh, ref_sh, self._acc_sh, batch_sh, rep),
-            out_shardings=self._acc_sh,
+            out_shardings=(self._acc_sh, batch_sh),
             donate_argnums=(2,),
         )
         self._apply = jax.jit(
@@ -118,33 +140,45 @@ class Learner:
 
     def accumulate(self, packed: PackedStep) -> tuple[Params, Array, dict]:
         """Σ over micro-batches of (∇ numerator, numerator, metric sums): no update."""
+        acc, _ = self._accumulate(packed)
+        return acc["grads"], acc["loss"], acc["metrics"]
+
+    def _accumulate(self, packed: PackedStep) -> tuple[dict, list[Array]]:
+        """The accumulator after every micro-batch, and each micro-batch's token logprobs."""
         # MoE load-balancing loss is a per-micro-batch mean; this weight makes it a
         # coefficient-weighted mean over micro-batches once the numerator is
         # divided by the normaliser. Traced, so the coefficient costs no recompile.
         coef = self.model_config.router_aux_loss_coef
         aux_scale = jnp.float32(coef * packed.normaliser / len(packed.micro_batches))
         acc = self._zero_acc()
+        logprobs = []
         # Traced under the mesh as context: a kernel XLA cannot partition (splash attention on TPU)
         # then runs per shard (legorl_jax/models/attention.py).
         with jax.set_mesh(self.mesh):
             for mb in packed.micro_batches:
-                acc = self._micro(self.params, self.ref_params, acc, self.device_batch(mb), aux_scale)
-        return acc["grads"], acc["loss"], acc["metrics"]
+                acc, lp = self._micro(self.params, self.ref_params, acc, self.device_batch(mb), aux_scale)
+                logprobs.append(lp)
+        return acc, logprobs
 
     def train_step(self, packed: PackedStep) -> dict[str, float]:
         """One optimizer update from one packed step; returns the step's metrics."""
-        grads, numerator, metric_acc = self.accumulate(packed)
+        return self.update(packed).metrics
+
+    def update(self, packed: PackedStep) -> StepResult:
+        """One optimizer update from one packed step: its metrics, and the token logprobs
+        the loss was computed from (kept on device until asked for)."""
+        acc, logprobs = self._accumulate(packed)
         lr = float(self.schedule(self.step))
         self.params, self.opt_state, grad_norm = self._apply(
-            self.params, self.opt_state, grads, jnp.float32(packed.normaliser)
+            self.params, self.opt_state, acc["grads"], jnp.float32(packed.normaliser)
         )
         self.step += 1
-        metrics = finalize(metric_acc)
+        metrics = finalize(acc["metrics"])
         metrics.update(packed.stats)
         metrics.update(
-            loss=float(numerator) / packed.normaliser, grad_norm=float(grad_norm), learning_rate=lr, step=self.step
+            loss=float(acc["loss"]) / packed.normaliser, grad_norm=float(grad_norm), learning_rate=lr, step=self.step
         )
-        return metrics
+        return StepResult(metrics, packed, logprobs)
 
     def device_batch(self, mb: MicroBatch) -> dict[str, Array]:
         """A host micro-batch as global arrays, rows split over data × fsdp."""
@@ -158,7 +192,7 @@ class Learner:
         batch.update({k: jax.ShapeDtypeStruct((rows, 1), jnp.float32) for k in FLOAT_KEYS})
         batch["seq_ids"] = jax.ShapeDtypeStruct((rows, 1), jnp.int32)
         with jax.set_mesh(self.mesh):
-            grads, loss, metrics = jax.eval_shape(
+            grads, loss, metrics, _ = jax.eval_shape(
                 self._micro_grads, self.params, self.ref_params, batch, jax.ShapeDtypeStruct((), jnp.float32)
             )
         return {"grads": grads, "loss": loss, "metrics": metrics}
@@ -178,12 +212,12 @@ class Learner:
 
     def _micro_grads(
         self, params: Params, ref_params: Params | None, batch: dict[str, Array], aux_scale: Array
-    ) -> tuple[Params, Array, dict]:
+    ) -> tuple[Params, Array, dict, Array]:
         ref_logprobs = None
         if ref_params is not None:
             ref_logprobs = jax.lax.stop_gradient(self._logprobs(ref_params, batch)[0])
 
-        def numerator(p: Params) -> tuple[Array, dict]:
+        def numerator(p: Params) -> tuple[Array, tuple[dict, Array]]:
             logprobs, aux = self._logprobs(p, batch)
             inputs = PolicyInputs(
                 logprobs, batch["behavior_logprobs"], batch["advantages"], batch["loss_mask"],
@@ -193,20 +227,21 @@ class Learner:
             value = jnp.sum(per_token * batch["loss_weight"])
             if "router_aux_loss" in aux:
                 value = value + aux["router_aux_loss"] * aux_scale
-            return value, micro_batch_metrics(inputs, token_metrics)
+            return value, (micro_batch_metrics(inputs, token_metrics), logprobs)
 
-        (value, metrics), grads = jax.value_and_grad(numerator, has_aux=True)(params)
-        return grads, value, metrics
+        (value, (metrics, logprobs)), grads = jax.value_and_grad(numerator, has_aux=True)(params)
+        return grads, value, metrics, logprobs
 
     def _micro_step(
         self, params: Params, ref_params: Params | None, acc: dict, batch: dict[str, Array], aux_scale: Array
-    ) -> dict:
-        grads, value, metrics = self._micro_grads(params, ref_params, batch, aux_scale)
-        return {
+    ) -> tuple[dict, Array]:
+        grads, value, metrics, logprobs = self._micro_grads(params, ref_params, batch, aux_scale)
+        acc = {
             "grads": jax.tree.map(jnp.add, acc["grads"], grads),
             "loss": acc["loss"] + value,
             "metrics": merge(acc["metrics"], metrics),
         }
+        return acc, logprobs
 
     def _apply_update(
         self, params: Params, opt_state: optax.OptState, grads: Params, normaliser: Array

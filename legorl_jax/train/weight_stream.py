@@ -1,7 +1,7 @@
 """Weights over gRPC for fleets without shared storage: `WeightStreamer` sends a
 published version to every rollout server with `StreamWeights`, to each
 directly or once down a relay chain of the servers (`rollout_server.weight_relay`).
-A delta version (`rollout_server.weight_delta`) travels as a header naming its
+A delta version (`legorl_jax.core.weight_delta`) travels as a header naming its
 base and its blob in chunks; a server that does not serve the base gets the
 last full checkpoint and the deltas since.
 
@@ -29,10 +29,10 @@ import grpc
 import numpy as np
 from safetensors import safe_open
 
-from legorl_jax.grpc_auth import ClientSecurity
+from legorl_jax.core.grpc_auth import ClientSecurity
+from legorl_jax.core.weight_layout import DELTA_FILE, INDEX_FILE, MANIFEST_FILE, read_manifest, version_dir_name
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
-from rollout_server.weights import DELTA_FILE, INDEX_FILE, MANIFEST_FILE, read_manifest, version_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def weight_chunks(
             for name in names:
                 dtype = f.get_slice(name).get_dtype()
                 tensor = np.ascontiguousarray(f.get_tensor(name))
-                raw = memoryview(tensor.reshape(-1).view(np.uint8))
+                raw = tensor.reshape(-1).view(np.uint8).data
                 # A zero-size tensor still needs one (empty) chunk to be announced.
                 for offset in range(0, max(len(raw), 1), chunk_bytes):
                     yield pb.WeightChunk(

@@ -2,8 +2,8 @@
 
 client (EngineClient / SyncEngineClient: completions by token id, tokenize,
 pause → reload → reset → resume) works against vLLM and the embedded engine
-alike. vllm / embedded build the command line of each; supervisor runs one as
-a process, waits for /health and restarts it after a crash; launch picks one
-from an EngineConfig. vllm_worker is the vLLM worker extension that reloads
-weights from a directory.
+alike. vllm / embedded build the command line of each (vllm also checks the
+installed version against the supported range); supervisor runs one as a
+process, waits for /health and restarts it after a crash; launch picks one
+from an EngineConfig and restarts it on the weights last installed.
 """

@@ -2,8 +2,9 @@
 the embedded JAX engine): tokens-in/tokens-out completions with logprobs,
 tokenize, health, and the pause → reload → reset → resume weight update.
 
-Request bodies and response parsing are plain functions shared by the async
-client (`EngineClient`) and the blocking one (`SyncEngineClient`).
+`EngineClient` is the client; `SyncEngineClient` runs its methods from
+blocking code. A client of an engine this process launched reports each installed version to its
+launcher (`EngineWatch`), which restarts a crashed engine on it.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 
 PauseMode = Literal["abort", "wait", "keep"]
+_T = TypeVar("_T")
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's --return-tokens-as-token-ids spelling
 
 
@@ -35,7 +38,7 @@ class EngineError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Completion:
+class TokenCompletion:
     """One choice of a completion, by token id."""
 
     token_ids: list[int]
@@ -101,7 +104,7 @@ def _prompt_logprobs(choice: dict[str, Any]) -> list[float | None] | None:
     return out
 
 
-def parse_choice(choice: dict[str, Any]) -> Completion:
+def parse_choice(choice: dict[str, Any]) -> TokenCompletion:
     """Token ids come from `token_ids` (return_token_ids), else from
     `token_id:<n>` logprob tokens; each id is paired with its logprob by position."""
     token_ids = choice.get("token_ids")
@@ -112,7 +115,7 @@ def parse_choice(choice: dict[str, Any]) -> Completion:
         raise EngineError(
             200, f"{len(token_ids)} token ids but {len(logprobs)} logprobs in one choice", "ProtocolError"
         )
-    return Completion(
+    return TokenCompletion(
         token_ids=[int(t) for t in token_ids],
         logprobs=[float(x) for x in logprobs],
         text=choice.get("text", ""),
@@ -138,19 +141,60 @@ def raise_for_error(response: httpx.Response) -> None:
     raise EngineError(response.status_code, str(message), str(err.get("type", "")), err.get("param"))
 
 
-def reload_request(weights_path: str, method: str) -> dict[str, Any]:
-    return {"method": method, "kwargs": {"weights_path": weights_path}}
+def check_prompt_logprobs(sampling: dict[str, Any], unit_temperature: bool) -> None:
+    """Prompt logprobs stand in for behaviour logprobs (recompute_logprobs), so they
+    must be at the sampling temperature. vLLM computes them at temperature 1 whatever
+    the request says (`unit_temperature`): there, any other temperature is refused."""
+    temperature = sampling.get("temperature", 1.0)
+    if unit_temperature and sampling.get("prompt_logprobs") is not None and temperature != 1.0:
+        raise EngineError(
+            400,
+            f"this engine computes prompt logprobs at temperature 1, not the request's {temperature}: they "
+            "would not match the sampled tokens' logprobs; sample at temperature 1 or turn recompute_logprobs off",
+            "UnsupportedRequest",
+            "prompt_logprobs",
+        )
+
+
+class EngineWatch(Protocol):
+    """The launcher of an engine, as its clients see it (ManagedEngine)."""
+
+    def epoch(self) -> int:
+        """Bumped by every restart of the engine process."""
+        ...
+
+    def installed(self) -> str | None:
+        """The weights directory the engine serves now (None: unknown)."""
+        ...
+
+    def record(self, epoch: int, weights_path: str) -> bool:
+        """Marks `weights_path` installed unless the engine restarted since `epoch`."""
+        ...
+
+    def restart(self, reason: str) -> None:
+        """Kills the engine; it comes back on `installed()`."""
+        ...
+
+
+RESET_RUNNING = {"reset_running_requests": "true"}  # preempt paused requests: they recompute under the new weights
 
 
 class EngineClient:
-    """Async client. `reload_method` is the collective_rpc method that loads
-    weights from a directory (see rollout_server.backends.vllm)."""
+    """Async client. `watch` is the launcher of the engine (None: an engine run
+    elsewhere); `unit_temperature_prompt_logprobs` marks vLLM (check_prompt_logprobs)."""
 
     def __init__(
-        self, base_url: str, *, model: str | None = None, timeout: float = 600.0, reload_method: str = "reload_weights"
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        timeout: float = 600.0,
+        watch: EngineWatch | None = None,
+        unit_temperature_prompt_logprobs: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.reload_method = reload_method
+        self.watch = watch
+        self.unit_temperature_prompt_logprobs = unit_temperature_prompt_logprobs
         self._model = model
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=_LIMITS)
 
@@ -198,7 +242,19 @@ class EngineClient:
             self._model = data[0]["id"]
         return self._model
 
-    async def complete(self, prompt: list[int] | str, **sampling: Any) -> list[Completion]:
+    async def served_context(self) -> int:
+        """The context the engine serves: `max_model_len` of its /v1/models card (vLLM and
+        the embedded engine both give it). A card without one is an error, never a guess."""
+        data = (await self._get("/v1/models")).json().get("data") or [{}]
+        value = data[0].get("max_model_len") if isinstance(data[0], dict) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise EngineError(
+                200, f"{self.base_url}/v1/models gives no usable max_model_len (got {value!r})", "ProtocolError"
+            )
+        return value
+
+    async def complete(self, prompt: list[int] | str, **sampling: Any) -> list[TokenCompletion]:
+        check_prompt_logprobs(sampling, self.unit_temperature_prompt_logprobs)
         body = completion_body(prompt, await self.model(), **sampling)
         return [parse_choice(c) for c in (await self._post("/v1/completions", body))["choices"]]
 
@@ -232,69 +288,103 @@ class EngineClient:
     async def resume(self) -> dict[str, Any]:
         return await self._post("/resume")
 
-    async def reset_prefix_cache(self) -> dict[str, Any]:
-        return await self._post("/reset_prefix_cache")
+    async def reset_prefix_cache(self) -> bool | None:
+        """Whether the reset took: vLLM 0.33 answers {"success": bool}; 0.17 and
+        the embedded engine give no verdict (None), and with running requests
+        preempted vLLM's scheduler cannot refuse the reset."""
+        body = await self._post("/reset_prefix_cache", params=RESET_RUNNING)
+        success = body.get("success") if isinstance(body, dict) else None
+        return None if success is None else bool(success)
 
     async def reload_weights(self, weights_path: str) -> dict[str, Any]:
-        return await self._post("/collective_rpc", reload_request(weights_path, self.reload_method))
+        """The worker's own reload_weights, which runs vLLM's post-load processing."""
+        return await self._post(
+            "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights_path}}
+        )
+
+    async def _load(self, weights_path: str) -> dict[str, Any]:
+        result = await self.reload_weights(weights_path)
+        if await self.reset_prefix_cache() is False:
+            raise EngineError(
+                200,
+                f"prefix cache not reset after loading {weights_path}: KV from the old weights would be reused",
+                "PrefixCacheNotReset",
+            )
+        return result
 
     async def update_weights(self, weights_path: str, mode: PauseMode = "keep") -> dict[str, Any]:
-        """pause → reload → reset_prefix_cache → resume. The engine is resumed
-        even when the reload fails, so in-flight requests never hang on it."""
-        await self.pause(mode)
+        """pause → reload → reset prefix cache → resume. Resume runs whatever
+        failed, so no request hangs on a paused engine. A failed update raises
+        EngineError with the engine back on its previous weights: reloaded, or,
+        where that fails too, restarted on them by its launcher."""
+        epoch = self.watch.epoch() if self.watch is not None else 0
+        restarted = False
         try:
-            result = await self.reload_weights(weights_path)
-            await self.reset_prefix_cache()
+            await self.pause(mode)
+            try:
+                result = await self._load(weights_path)
+            except EngineError as exc:
+                where, restarted = await self._restore(weights_path, epoch)
+                raise EngineError(exc.status, f"{exc.message}; {where}", exc.err_type, exc.param) from exc
         finally:
-            await self.resume()
+            if not restarted:
+                await self.resume()
+        if self.watch is not None and not self.watch.record(epoch, weights_path):
+            raise EngineError(
+                0,
+                f"the engine restarted during the update to {weights_path}; it serves {self.watch.installed()}",
+                "EngineRestarted",
+            )
         return result
+
+    async def _restore(self, weights_path: str, epoch: int) -> tuple[str, bool]:
+        """After a failed load, the previous weights again: where the engine now
+        stands, and whether that took a restart. Without a launcher nobody knows
+        the previous weights, and the message says the engine's are unknown."""
+        previous = self.watch.installed() if self.watch is not None else None
+        if self.watch is None or previous is None:
+            return "the engine's weights are now unknown", False
+        if self.watch.epoch() != epoch:  # it crashed meanwhile and restarts on them anyway
+            return f"the engine restarted and comes back on {previous}", True
+        try:
+            await self._load(previous)
+            return f"the engine serves {previous} again", False
+        except EngineError as again:
+            self.watch.restart(f"update to {weights_path} failed and {previous} could not be reloaded: {again}")
+            return f"the engine is restarting on {previous}", True
 
 
 class SyncEngineClient:
-    """Blocking client for scripts and launchers: health, completions, weight update."""
+    """Blocking face of `EngineClient` for scripts, launchers and tests: each call
+    runs the async client's method on a private event loop thread, so both share
+    one implementation and the blocking one may be called from many threads."""
 
-    def __init__(
-        self, base_url: str, *, model: str | None = None, timeout: float = 600.0, reload_method: str = "reload_weights"
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.reload_method = reload_method
-        self._model = model
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, limits=_LIMITS)
+    def __init__(self, base_url: str, **settings: Any) -> None:
+        self._async = EngineClient(base_url, **settings)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="engine-client", daemon=True)
+        self._thread.start()
+        self.base_url, self.watch = self._async.base_url, self._async.watch
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def close(self) -> None:
-        self._http.close()
-
-    def _post(self, path: str, body: Any = None, params: dict[str, Any] | None = None) -> Any:
-        try:
-            response = self._http.post(path, json=body, params=params)
-        except httpx.HTTPError as exc:
-            raise EngineError(0, f"POST {path}: {exc!r}", "ConnectionError") from exc
-        raise_for_error(response)
-        return response.json() if response.content else {}
+        if self._loop.is_closed():
+            return
+        self._run(self._async.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
     def healthy(self) -> bool:
-        try:
-            return self._http.get("/health", timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return self._run(self._async.healthy())
 
     def model(self) -> str:
-        if self._model is None:
-            response = self._http.get("/v1/models")
-            raise_for_error(response)
-            self._model = response.json()["data"][0]["id"]
-        return self._model
+        return self._run(self._async.model())
 
-    def complete(self, prompt: list[int] | str, **sampling: Any) -> list[Completion]:
-        body = completion_body(prompt, self.model(), **sampling)
-        return [parse_choice(c) for c in self._post("/v1/completions", body)["choices"]]
+    def complete(self, prompt: list[int] | str, **sampling: Any) -> list[TokenCompletion]:
+        return self._run(self._async.complete(prompt, **sampling))
 
     def update_weights(self, weights_path: str, mode: PauseMode = "keep") -> dict[str, Any]:
-        """See EngineClient.update_weights."""
-        self._post("/pause", params={"mode": mode})
-        try:
-            result = self._post("/collective_rpc", reload_request(weights_path, self.reload_method))
-            self._post("/reset_prefix_cache")
-        finally:
-            self._post("/resume")
-        return result
+        return self._run(self._async.update_weights(weights_path, mode))

@@ -6,22 +6,34 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from legorl_jax.config import EngineConfig
+from legorl_jax.core.config import EngineConfig
 from rollout_server.backends.supervisor import LaunchPlan
-from rollout_server.backends.vllm import NATIVE_RELOAD_METHOD, free_port
+from rollout_server.backends.vllm import free_port
 
 
-def embedded_plan(engine: EngineConfig, model_dir: str | Path, served_model_name: str | None = None) -> LaunchPlan:
+def embedded_plan(
+    engine: EngineConfig,
+    model_dir: str | Path,
+    served_model_name: str | None = None,
+    weights_dir: str | Path | None = None,
+) -> LaunchPlan:
+    """Serves `weights_dir` (default: `model_dir`); published weights directories
+    carry the tokenizer, so `legorl serve` needs no separate one."""
     port = engine.port or free_port(engine.host)
     command = [
         sys.executable, "-m", "legorl_jax.cli", "serve",
-        "--model", str(model_dir),
+        "--model", str(weights_dir or model_dir),
         "--host", engine.host,
         "--port", str(port),
         "--max-model-len", str(engine.max_context),
         "--max-num-seqs", str(engine.max_batch),
+        "--max-chunk", str(engine.max_chunk),
+        "--dtype", engine.dtype,
+        "--kv-cache-dtype", engine.kv_cache_dtype,
         "--return-tokens-as-token-ids",
     ]  # fmt: skip
+    if engine.kv_cache_memory_bytes is not None:
+        command += ["--kv-cache-memory-bytes", str(engine.kv_cache_memory_bytes)]
     if served_model_name is not None:
         command += ["--served-model-name", served_model_name]
-    return LaunchPlan(command=command, env={}, url=f"http://{engine.host}:{port}", reload_method=NATIVE_RELOAD_METHOD)
+    return LaunchPlan(command=command, env={}, url=f"http://{engine.host}:{port}")

@@ -1,38 +1,98 @@
 """Chooses and runs the inference engine an `EngineConfig` names, and hands out
 clients for it: `vllm` (supervised `vllm serve`), `embedded` (supervised
-`legorl serve`), or `external` (a URL someone else runs)."""
+`legorl serve`), or `external` (a URL someone else runs).
+
+A launched engine remembers the weights last installed through its clients;
+after a crash it comes back serving them, and its epoch (one per restart)
+tells trials that an engine they used went away under them."""
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from legorl_jax.config import EngineConfig
+from legorl_jax.core.config import EngineConfig
 from rollout_server.backends.client import EngineClient, SyncEngineClient
 from rollout_server.backends.embedded import embedded_plan
 from rollout_server.backends.supervisor import LaunchPlan, ProcessSupervisor
-from rollout_server.backends.vllm import NATIVE_RELOAD_METHOD, VllmOptions, vllm_plan
+from rollout_server.backends.vllm import VllmOptions, check_vllm_version, free_port, vllm_plan
+
+log = logging.getLogger(__name__)
+
+# (weights directory to serve, or None for the model directory) -> the command that serves it
+Planner = Callable[[str | None], LaunchPlan]
 
 
 class ManagedEngine:
-    """An engine URL plus, when this process launched it, its supervisor."""
+    """An engine URL plus, when this process launched it, its supervisor and
+    the weights it serves (the `EngineWatch` its clients report to)."""
 
-    def __init__(self, url: str, reload_method: str, supervisor: ProcessSupervisor | None = None) -> None:
+    def __init__(self, url: str, *, unit_temperature_prompt_logprobs: bool, installed: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self.reload_method = reload_method
-        self.supervisor = supervisor
+        self.supervisor: ProcessSupervisor | None = None
+        self.unit_temperature_prompt_logprobs = unit_temperature_prompt_logprobs
+        self._installed = installed
+        self._epoch = 0
+        self._lock = threading.Lock()  # the supervisor's thread replans while clients record
 
     @classmethod
-    def launch(cls, plan: LaunchPlan, **supervisor_kwargs: Any) -> ManagedEngine:
-        supervisor = ProcessSupervisor(plan, **supervisor_kwargs)
-        supervisor.start()
-        return cls(plan.url, plan.reload_method, supervisor)
+    def launch(
+        cls,
+        planner: Planner,
+        model_dir: str | Path,
+        *,
+        unit_temperature_prompt_logprobs: bool,
+        **supervisor_kwargs: Any,
+    ) -> ManagedEngine:
+        plan = planner(None)
+        engine = cls(
+            plan.url, unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs, installed=str(model_dir)
+        )
+        engine.supervisor = ProcessSupervisor(plan, replan=lambda: engine._replan(planner), **supervisor_kwargs)
+        engine.supervisor.start()
+        return engine
+
+    def _replan(self, planner: Planner) -> LaunchPlan:
+        with self._lock:
+            self._epoch += 1
+            weights = self._installed
+        log.warning("engine restart %d serves %s", self._epoch, weights)
+        return planner(weights)
+
+    # -- EngineWatch ------------------------------------------------------------
+    def epoch(self) -> int:
+        with self._lock:
+            return self._epoch
+
+    def installed(self) -> str | None:
+        with self._lock:
+            return self._installed
+
+    def record(self, epoch: int, weights_path: str) -> bool:
+        with self._lock:
+            if epoch != self._epoch:
+                return False
+            self._installed = weights_path
+            return True
+
+    def restart(self, reason: str) -> None:
+        log.error("restarting the engine: %s", reason)
+        if self.supervisor is not None:
+            self.supervisor.kill()
+
+    # ---------------------------------------------------------------------------
+    def _client_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        watch = self if self.supervisor is not None else None
+        return {"watch": watch, "unit_temperature_prompt_logprobs": self.unit_temperature_prompt_logprobs, **kwargs}
 
     def client(self, **kwargs: Any) -> EngineClient:
-        return EngineClient(self.url, reload_method=self.reload_method, **kwargs)
+        return EngineClient(self.url, **self._client_kwargs(kwargs))
 
     def sync_client(self, **kwargs: Any) -> SyncEngineClient:
-        return SyncEngineClient(self.url, reload_method=self.reload_method, **kwargs)
+        return SyncEngineClient(self.url, **self._client_kwargs(kwargs))
 
     def stop(self) -> None:
         if self.supervisor is not None:
@@ -40,13 +100,31 @@ class ManagedEngine:
 
 
 def start_engine(
-    engine: EngineConfig, model_dir: str | Path | None = None, vllm: VllmOptions = VllmOptions(), **supervisor_kwargs: Any
+    engine: EngineConfig,
+    model_dir: str | Path | None = None,
+    vllm: VllmOptions = VllmOptions(),
+    **supervisor_kwargs: Any,
 ) -> ManagedEngine:
+    """Launches (or, for `external`, points at) the engine. vLLM computes prompt
+    logprobs at temperature 1; an external engine is assumed to be vLLM."""
     if engine.kind == "external":
         if not engine.url:
             raise ValueError("engine.kind=external needs engine.url")
-        return ManagedEngine(engine.url, NATIVE_RELOAD_METHOD)
+        return ManagedEngine(engine.url, unit_temperature_prompt_logprobs=True)
     if model_dir is None:
         raise ValueError(f"engine.kind={engine.kind} needs a model directory to serve")
-    plan = vllm_plan(engine, model_dir, vllm) if engine.kind == "vllm" else embedded_plan(engine, model_dir)
-    return ManagedEngine.launch(plan, **supervisor_kwargs)
+    # One port for the engine's whole life: restarts must come back where clients look.
+    fixed = engine.model_copy(update={"port": engine.port or free_port(engine.host)})
+    if engine.kind == "vllm":
+        check_vllm_version(vllm.executable)
+
+        def planner(weights: str | None) -> LaunchPlan:
+            return vllm_plan(fixed, model_dir, vllm, weights_dir=weights)
+    else:
+
+        def planner(weights: str | None) -> LaunchPlan:
+            return embedded_plan(fixed, model_dir, str(model_dir), weights_dir=weights)
+
+    return ManagedEngine.launch(
+        planner, model_dir, unit_temperature_prompt_logprobs=engine.kind == "vllm", **supervisor_kwargs
+    )

@@ -1,5 +1,7 @@
 """Runs an inference-server process, waits for its /health, and restarts it
 when it dies. Used for `vllm serve` on GPU hosts and `legorl serve` on CPUs.
+A restart asks `replan` for its command, so it can serve the weights installed
+since the first start rather than the ones the first command named.
 
 The process gets its own session (process group) because vLLM forks engine and
 worker processes: stopping must take the whole group down, not just the parent.
@@ -17,6 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -34,7 +37,6 @@ class LaunchPlan:
     command: list[str]
     env: dict[str, str]
     url: str
-    reload_method: str
 
 
 def _die_with_parent() -> None:
@@ -60,8 +62,10 @@ class ProcessSupervisor:
         log_path: Path | None = None,
         health_timeout: float = 900.0,
         max_restarts: int = 3,
+        replan: Callable[[], LaunchPlan] | None = None,
     ) -> None:
         self.plan = plan
+        self.replan = replan
         self.log_path = log_path
         self.health_timeout = health_timeout
         self.max_restarts = max_restarts
@@ -99,6 +103,12 @@ class ProcessSupervisor:
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout)
         self.state = "stopped"
+
+    def kill(self) -> None:
+        """Kills the engine's process group now; the watcher restarts it like after a crash."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._signal_group(proc, signal.SIGKILL)
 
     def output_tail(self) -> str:
         return "".join(self._tail)
@@ -172,10 +182,12 @@ class ProcessSupervisor:
             self.state = "restarting"
             log.warning("engine exited with %s; restart %d/%d", code, self.restarts, self.max_restarts)
             try:
+                if self.replan is not None:
+                    self.plan = self.replan()
                 self._spawn()
                 self._wait_healthy()
                 self.state = "healthy"
-            except EngineStartError as exc:
+            except (EngineStartError, OSError) as exc:  # OSError: replan found no executable
                 if self._stopping.is_set():
                     return
                 log.error("engine restart failed: %s", exc)

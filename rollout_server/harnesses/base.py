@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from legorl_jax.core.registry import Registry
 from rollout_server.sandbox.base import Sandbox
 
 Dialect = Literal["openai_chat", "anthropic", "openai_responses", "gemini"]
@@ -170,10 +171,10 @@ def last_line(*texts: str) -> str:
     return ""
 
 
-O = TypeVar("O", bound=HarnessOptions)
+OptionsT = TypeVar("OptionsT", bound=HarnessOptions)
 
 
-class Harness(ABC):
+class Harness:
     name: ClassVar[str] = ""
     Options: ClassVar[type[HarnessOptions]] = HarnessOptions
     install: ClassVar[InstallSpec] = InstallSpec(kind="builtin")
@@ -202,13 +203,13 @@ class Harness(ABC):
         digest = hashlib.sha1(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]
         return f"{self.name}~{digest}"
 
-    def _typed(self, options: HarnessOptions, kind: type[O]) -> O:
+    def _typed(self, options: HarnessOptions, kind: type[OptionsT]) -> OptionsT:
         if not isinstance(options, kind):
             raise HarnessConfigError(f"{self.name}: expected {kind.__name__}, got {type(options).__name__}")
         return options
 
 
-class CliHarness(Harness):
+class CliHarness(Harness, ABC):
     """A harness CLI run headless in the sandbox. One that always speaks the same API sets
     `wire`; one whose API depends on its options overrides `dialect()` instead."""
 
@@ -264,7 +265,7 @@ class RunResult(Protocol):
     def metrics(self) -> dict[str, float]: ...
 
 
-class InProcessHarness(Harness):
+class InProcessHarness(Harness, ABC):
     """An agent loop on the host that runs only the agent's tool calls in the sandbox."""
 
     dialect: ClassVar[Dialect] = "openai_chat"
@@ -276,30 +277,27 @@ class InProcessHarness(Harness):
         """One episode. Raises `SandboxError` when the environment breaks (an ungraded env_failure)."""
 
 
-_REGISTRY: dict[str, Harness] = {}
+_REGISTRY: Registry[Harness] = Registry("harness", error=UnknownHarnessError)
 H = TypeVar("H", bound=type[Harness])
 
 
 def register_harness(name: str) -> Callable[[H], H]:
+    """Registers one instance of the decorated class, named `name`."""
+
     def wrap(cls: H) -> H:
-        if name in _REGISTRY:
-            raise ValueError(f"harness {name!r} is registered twice")
         cls.name = name
-        _REGISTRY[name] = cls()
+        _REGISTRY.add(name, cls())
         return cls
 
     return wrap
 
 
 def harness_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_harness(name: str) -> Harness:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownHarnessError(f"unknown harness {name!r}; registered: {', '.join(harness_names())}") from None
+    return _REGISTRY.get(name)
 
 
 def _brief(exc: ValidationError) -> str:

@@ -14,8 +14,17 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .base import CliHarness, Dialect, HarnessContext, HarnessOptions, InstallSpec, LaunchSpec, Outcome
-from .base import json_lines, register_harness
+from .base import (
+    CliHarness,
+    Dialect,
+    HarnessContext,
+    HarnessOptions,
+    InstallSpec,
+    LaunchSpec,
+    Outcome,
+    json_lines,
+    register_harness,
+)
 
 _OFFLINE_ENV = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",

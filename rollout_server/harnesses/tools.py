@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from legorl_jax.core.config import HarnessToolsConfig
 from rollout_server.sandbox.base import SandboxError, ToolMount
-
-from legorl_jax.config import HarnessToolsConfig
 
 from . import venv_runner
 from .base import InstallSpec

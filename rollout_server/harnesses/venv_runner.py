@@ -14,16 +14,17 @@ import importlib
 import os
 import site
 import sys
+from typing import Any
 
 
-def main(argv: list[str]) -> object:
+def main(argv: list[str]) -> int | str | None:
     lib, site_dir, entry, name, *args = argv
     # Only the interpreter needed it to find libpython; the agent's commands must not inherit it.
     if os.environ.get("LD_LIBRARY_PATH") == lib:
         del os.environ["LD_LIBRARY_PATH"]
     site.addsitedir(site_dir)  # with its .pth files, as the venv's own python would
     module, _, attr = entry.partition(":")
-    target = importlib.import_module(module)
+    target: Any = importlib.import_module(module)
     for part in attr.split("."):
         target = getattr(target, part)
     sys.argv = [name, *args]

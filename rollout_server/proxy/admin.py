@@ -18,10 +18,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rollout_server.proxy import jsonio
+from rollout_server.proxy.errors import ProxyError
 from rollout_server.proxy.jsonio import FastJSONResponse
 from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import Session, SessionSpec
-
 
 # Keys travel in URL paths and headers.
 _KEY = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -69,6 +69,11 @@ def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
             spec = SessionSpec.model_validate(body)
         except ValidationError as exc:
             return _problem(400, f"invalid session spec: {exc}")
+        if spec.recompute_logprobs:  # refused now rather than at the first call that recomputes
+            try:
+                core.engine.check_recompute(spec.sampling.temperature)
+            except ProxyError as exc:
+                return _problem(exc.status, exc.message)
         try:
             session = core.store.create(spec, key)
         except ValueError as exc:

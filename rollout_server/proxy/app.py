@@ -5,9 +5,9 @@ A request with no live session's key gets 401 in its dialect's shape, so the
 proxy is never an open relay to the engine.
 
 Model calls (POSTs to the dialect routes) are dispatched by path before
-Starlette's middleware stack and route table, which cost 0.01-0.03 ms of CPU
-per call (measured in-process, quiet and loaded) on a hop that should add
-under a millisecond; they reach the same endpoints, and everything else
+Starlette's middleware stack and route table, whose CPU per call is a
+measurable share of a hop that should add under a millisecond
+(docs/benchmarks.md); they reach the same endpoints, and everything else
 (other methods, admin, probes, lifespan, requests under a root path) goes
 through Starlette as declared.
 """
@@ -36,8 +36,9 @@ from rollout_server.proxy.dialects.responses import Responses
 from rollout_server.proxy.errors import ProxyError, invalid
 from rollout_server.proxy.jsonio import FastJSONResponse
 from rollout_server.proxy.parsed_items import ItemMemo
-from rollout_server.proxy.service import ProxyCore, TurnResult
+from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import Session
+from rollout_server.proxy.turn import TurnResult
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +145,9 @@ class ProxyApp:
         # Short engine failures still come back as plain HTTP errors; only a
         # call that outlasts one keep-alive interval opens the stream early.
         done, _ = await asyncio.wait({task}, timeout=self.keepalive_s)
-        if done and task.exception() is not None:
-            exc = task.exception()
-            return self._error(dialect, exc if isinstance(exc, ProxyError) else _internal(exc))
+        failure = task.exception() if done else None
+        if failure is not None:
+            return self._error(dialect, failure if isinstance(failure, ProxyError) else _internal(failure))
         return _SSEStream(sse.with_keepalive(task, self.keepalive_s, events, on_error),
                           lambda: self.core.hang_up(prepared))
 

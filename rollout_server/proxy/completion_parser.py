@@ -84,7 +84,7 @@ def _json_call(obj: Any, args_keys: tuple[str, ...]) -> Call:
     the first of `args_keys` it has (none: no arguments)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         raise ToolCallParseError("tool call JSON lacks a string 'name'")
-    args = next((obj[key] for key in args_keys if key in obj), {})
+    args: Any = next((obj[key] for key in args_keys if key in obj), {})
     if isinstance(args, str):  # some models double-encode the arguments
         args = _tool_json(args, "tool call arguments")
     if not isinstance(args, dict):

@@ -6,11 +6,13 @@ rollout backends' (`rollout_server.backends.client`: ids from `token_ids`, or
 from "token_id:<n>" logprob tokens, paired with logprobs by position); this
 adapter applies the session's sampling and turns every engine failure into
 the proxy's `engine_unavailable`, which each dialect answers as a 503.
+Prompt logprobs (recompute_logprobs) are refused, as a 400, from an engine that
+computes them at temperature 1 when the session samples at another.
 
 The transport is `engine_transport` (keep-alive connections, the least CPU
 per call: this hop is on every model call); bodies are serialised and parsed
-by orjson (`jsonio`), the standard library's encoder taking up to a tenth of
-a millisecond over a long prompt.
+by orjson (`jsonio`), many times faster than the standard library's encoder
+over a long prompt (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -21,14 +23,20 @@ from typing import Any
 
 import httpx
 
-from rollout_server.backends.client import EngineError, completion_body, parse_choice, raise_for_error
+from rollout_server.backends.client import (
+    EngineError,
+    check_prompt_logprobs,
+    completion_body,
+    parse_choice,
+    raise_for_error,
+)
 from rollout_server.proxy import jsonio
 from rollout_server.proxy.engine_transport import EngineConnectionError, EngineTransport
-from rollout_server.proxy.errors import ProxyError
+from rollout_server.proxy.errors import ProxyError, invalid
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class CompletionParams:
     temperature: float
     top_p: float
     top_k: int
@@ -56,14 +64,28 @@ class EngineCompletion:
     prompt_logprobs: tuple[float | None, ...] | None = None  # per prompt position, when asked for
 
 
-class EngineClient:
-    """The proxy's client of one engine URL, shared by all sessions."""
+class ProxyEngineClient:
+    """The proxy's client of one engine URL, shared by all sessions.
+    `unit_temperature_prompt_logprobs` marks an engine that computes prompt
+    logprobs at temperature 1 whatever the request says (vLLM)."""
 
-    def __init__(self, base_url: str, model: str, *, timeout_s: float = 3600.0) -> None:
+    def __init__(self, base_url: str, model: str, *, timeout_s: float = 3600.0,
+                 unit_temperature_prompt_logprobs: bool = False) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
+        self.unit_temperature_prompt_logprobs = unit_temperature_prompt_logprobs
         self._transport = EngineTransport(self.base_url)
+
+    def check_recompute(self, temperature: float) -> None:
+        """Refuses (400) prompt logprobs for a session sampling at `temperature`
+        where this engine computes them at another: recomputed logprobs must
+        match the ones the sampled tokens were drawn with."""
+        try:
+            check_prompt_logprobs({"temperature": temperature, "prompt_logprobs": 0},
+                                  self.unit_temperature_prompt_logprobs)
+        except EngineError as exc:
+            raise invalid(f"recompute_logprobs at sampling.temperature {temperature}: {exc.message}") from None
 
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -74,7 +96,9 @@ class EngineClient:
             raise_for_error(httpx.Response(status, content=raw))
         return dict(jsonio.loads(raw))
 
-    async def complete(self, prompt_ids: list[int], sampling: SamplingParams) -> EngineCompletion:
+    async def complete(self, prompt_ids: list[int], sampling: CompletionParams) -> EngineCompletion:
+        if sampling.prompt_logprobs:
+            self.check_recompute(sampling.temperature)
         body = completion_body(
             prompt_ids, self.model, **sampling.as_kwargs(),
             # Ids also as logprob tokens, for engines without return_token_ids.

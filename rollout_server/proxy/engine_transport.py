@@ -3,10 +3,9 @@
 Every model call crosses this hop, so its CPU is latency the proxy adds
 (it must stay in the noise of a model call). A general
 client pays for features this hop never uses (redirects, cookies, proxies,
-decompression, multipart, per-request URL and header objects): aiohttp's
-client cost the proxy ~0.2 ms more of its ~1.1 ms CPU per call than this
-one, which takes less than half of its CPU per request (scripts/bench_proxy.py,
-docs/benchmarks.md). The HTTP parsing is httptools' (llhttp, the parser
+decompression, multipart, per-request URL and header objects), which was
+most of aiohttp's client's CPU per request (scripts/bench_proxy.py; figures
+in docs/benchmarks.md). The HTTP parsing is httptools' (llhttp, the parser
 uvicorn serves with): responses framed by Content-Length, chunked, or by the
 connection closing; only the request line and three headers are written here.
 

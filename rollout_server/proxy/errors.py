@@ -4,7 +4,9 @@ provider's own error shape so harnesses react as they would to the provider
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar, overload
+
+T = TypeVar("T")
 
 ErrorKind = Literal[
     "invalid_request",
@@ -43,8 +45,14 @@ def invalid(message: str) -> ProxyError:
     return ProxyError("invalid_request", message)
 
 
-def expect_type(value: object, kind: type | tuple[type, ...], where: str) -> None:
-    """Type check for a request field, raising a 400 that names the field."""
+@overload
+def expect_type(value: object, kind: type[T], where: str) -> T: ...
+@overload
+def expect_type(value: object, kind: tuple[type, ...], where: str) -> object: ...
+def expect_type(value: object, kind: type | tuple[type, ...], where: str) -> object:
+    """Type check for a request field, raising a 400 that names the field;
+    returns the value, typed as checked."""
     if not isinstance(value, kind):
         names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
         raise invalid(f"{where}: expected {names}, got {type(value).__name__}")
+    return value

@@ -1,10 +1,9 @@
 """JSON on the proxy's hot path: orjson, with the standard library behind it.
 
-Every model call parses the harness's body (the whole conversation: 5 KB at
-8 turns, 35 KB at 64), serialises the engine request (the prompt as token
-ids) and the answer, and parses the engine's reply; orjson does each in a
-third to a twentieth of `json`'s time (0.13 → 0.05 ms for the 64-turn body,
-0.11 → 0.006 ms for a 1,800-token prompt).
+Every model call parses the harness's body (the whole conversation, which
+grows every turn), serialises the engine request (the prompt as token ids)
+and the answer, and parses the engine's reply; orjson does each in a
+fraction of `json`'s time (docs/benchmarks.md).
 
 `loads` answers as `json.loads` does on UTF-8, except that anything else
 no sender can mean is a `ValueError` too, never another exception: a lone
@@ -31,7 +30,7 @@ import orjson
 from starlette.responses import JSONResponse
 
 # 18 digits always fit in 64 bits; 19 may not (2**63 has 19). Found by mapping
-# every digit to "0" and searching for 19 of them: ~15x faster than a regex.
+# every digit to "0" and searching for 19 of them, much faster than a regex.
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19
 # How a lone surrogate gets into JSON text (valid UTF-8 cannot carry one); also

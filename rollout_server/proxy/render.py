@@ -199,7 +199,9 @@ class ChatTemplate:
         tool `f` with `{"a": "v"}`: the text between the assistant header and
         the turn end (None when it cannot render one)."""
         call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": "v"}}}
-        messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}
+        ]
         try:
             text = self._apply(messages, _PROBE_TOOLS, False, True)
         except (TemplateError, TypeError, ValueError):
@@ -315,7 +317,7 @@ class ChatTemplate:
     def _defuse(self, text: str) -> str:
         """A string of the request as the template gets it: each added token it
         spells replaced by a placeholder (encoded back as text). Two searches:
-        one pattern for both is 30x slower, as it loses the literal prefix scan."""
+        one pattern for both loses the regex engine's literal prefix scan."""
         if not text.isascii() and (surrogate := _SURROGATE.search(text)) is not None:
             raise invalid(f"the request holds a lone surrogate ({surrogate.group()!r}), which is no Unicode character")
         return text if self._added.search(text) is None else self._added.sub(self._placeholder, text)
@@ -325,8 +327,8 @@ class ChatTemplate:
 
     def _defused(self, value: Any) -> Any:
         """`_defuse` on every string in a JSON value (tool arguments, schemas).
-        One search of its JSON text clears most values (20 tool schemas: 0.3 →
-        0.03 ms); orjson refuses those it cannot write exactly (a surrogate,
+        One search of its JSON text clears most values, far cheaper than
+        walking them; orjson refuses those it cannot write exactly (a surrogate,
         a big integer), which are walked."""
         if isinstance(value, str):
             return self._defuse(value)
@@ -477,8 +479,7 @@ def _codec(tokenizer: Any) -> tuple[_Encode, _Encode, Callable[[list[int]], str]
     """Encode and decode as `tokenizer.encode(text, add_special_tokens=False)`
     and `tokenizer.decode(ids)` do, straight on the Rust tokenizer: the
     wrappers cost as much again on a short piece, and the fast encode skips
-    the character offsets nobody reads here (0.12 → 0.08 ms for a
-    300-character tool result). Decode clean-up stays transformers' work.
+    the character offsets nobody reads here. Decode clean-up stays transformers' work.
     The second encode matches no added token: a tokenizer over the same
     model, normalizer and pre-tokenizer (shared, not copied) without them.
     (A tokenizer that splits special tokens as text never gets here: its turn

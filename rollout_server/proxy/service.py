@@ -12,15 +12,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import get_args
 
-from legorl_jax.config import ProxyConfig
-
+from legorl_jax.core.config import ProxyConfig
 from rollout_server.proxy.completion_parser import ToolCallFormat, parse_completion
-from rollout_server.proxy.conversation import AssistantOutput, ChatRequest, ToolSpec
-from rollout_server.proxy.engine_client import EngineClient, SamplingParams
+from rollout_server.proxy.conversation import ChatRequest, ToolSpec
+from rollout_server.proxy.engine_client import CompletionParams, ProxyEngineClient
 from rollout_server.proxy.errors import ProxyError
 from rollout_server.proxy.render import TEMPLATE_OVERRIDE, ChatTemplate, Prompt, SampledTurn
-from rollout_server.proxy.session import Session, SessionCaps, SessionStore
+from rollout_server.proxy.session import Session, SessionStore
 from rollout_server.proxy.trajectory import CallRecord
+from rollout_server.proxy.turn import TurnResult
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class PreparedCall:
     dialect: str
     id_prefix: str
     prompt: Prompt
-    sampling: SamplingParams
+    sampling: CompletionParams
     started: float
     matched: dict[int, SampledTurn]  # what `prompt` was rendered with
     enable_thinking: bool
@@ -40,17 +40,8 @@ class PreparedCall:
     record: CallRecord | None = None  # once the engine answered
 
 
-@dataclass(frozen=True)
-class TurnResult:
-    output: AssistantOutput
-    finish_reason: str  # "stop" | "length" (tool calls are read off `output`)
-    prompt_tokens: int
-    completion_tokens: int
-    call_index: int
-
-
 class ProxyCore:
-    def __init__(self, template: ChatTemplate, engine: EngineClient, store: SessionStore, *,
+    def __init__(self, template: ChatTemplate, engine: ProxyEngineClient, store: SessionStore, *,
                  max_context: int, tool_call_format: ToolCallFormat = "hermes") -> None:
         self.template = template
         self.engine = engine
@@ -83,7 +74,7 @@ class ProxyCore:
             )
         cfg = session.spec.sampling
         asked = request.max_tokens if request.max_tokens and request.max_tokens > 0 else cfg.max_tokens
-        sampling = SamplingParams(
+        sampling = CompletionParams(
             temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             max_tokens=min(asked, cfg.max_tokens, room),
             stop_token_ids=(self.template.turn_end_id,),
@@ -218,12 +209,16 @@ def _reads_call(text: str, fmt: ToolCallFormat) -> bool:
 
 
 def build_core(model_dir: str | Path, engine_url: str, *, served_model: str, max_context: int,
-               config: ProxyConfig | None = None, template: ChatTemplate | None = None) -> ProxyCore:
+               config: ProxyConfig | None = None, template: ChatTemplate | None = None,
+               unit_temperature_prompt_logprobs: bool = True) -> ProxyCore:
     """A proxy core for the model in `model_dir` (its tokenizer and chat
     template, unless `template` is given, loaded already) in front of the
-    engine at `engine_url`, with the config's caps as every session's default."""
+    engine at `engine_url`, with the config's caps as every session's default.
+    An engine is taken for vLLM (prompt logprobs at temperature 1) unless
+    `unit_temperature_prompt_logprobs` says otherwise."""
     cfg = config or ProxyConfig()
-    store = SessionStore(SessionCaps(max_model_calls=cfg.max_model_calls, max_total_tokens=cfg.max_total_tokens,
-                                     max_wall_s=cfg.max_wall_s))
-    return ProxyCore(template or load_template(model_dir, cfg), EngineClient(engine_url, served_model), store,
+    store = SessionStore(cfg.session_caps())
+    engine = ProxyEngineClient(engine_url, served_model,
+                               unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs)
+    return ProxyCore(template or load_template(model_dir, cfg), engine, store,
                      max_context=max_context, tool_call_format=cfg.tool_call_format)

@@ -10,22 +10,12 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from legorl_jax.config import SamplingConfig
+from legorl_jax.core.config import SamplingConfig, SessionCaps
 from rollout_server.proxy.conversation import Message, fingerprint
 from rollout_server.proxy.errors import ProxyError
 from rollout_server.proxy.parsed_items import ItemMemo
 from rollout_server.proxy.render import PrefixMemo, SampledTurn
-from rollout_server.proxy.trajectory import Trajectory
-
-
-class SessionCaps(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_model_calls: int = Field(
-        50, gt=0, description="Model calls (engine calls started) before the session refuses more."
-    )
-    max_total_tokens: int = Field(65536, gt=0, description="Cap on the assembled sequences' total length.")
-    max_wall_s: float = Field(1800.0, gt=0, description="Seconds from creation after which calls are refused.")
+from rollout_server.proxy.trajectory import CapturedTrajectory
 
 
 class SessionSpec(BaseModel):
@@ -51,7 +41,7 @@ class Session:
     key: str
     spec: SessionSpec
     created: float = field(default_factory=time.monotonic)
-    trajectory: Trajectory = field(default_factory=Trajectory)
+    trajectory: CapturedTrajectory = field(default_factory=CapturedTrajectory)
     turns: list[SampledTurn] = field(default_factory=list)
     calls_started: int = 0
     prefix: PrefixMemo = field(default_factory=PrefixMemo)  # the last render, for incremental rendering

@@ -20,12 +20,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-
-_INTERNAL = ("root_key", "has_tools", "has_history")  # Sequence fields the trainer does not see
+_INTERNAL = ("root_key", "has_tools", "has_history")  # CapturedSequence fields the trainer does not see
 
 
 @dataclass
-class Sequence:
+class CapturedSequence:
     index: int
     root_key: str
     has_tools: bool
@@ -74,8 +73,8 @@ class CallRecord:
 
 
 @dataclass
-class Trajectory:
-    sequences: list[Sequence] = field(default_factory=list)
+class CapturedTrajectory:
+    sequences: list[CapturedSequence] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
     cap_hit: str | None = None  # the first session cap the harness ran into
 
@@ -83,7 +82,7 @@ class Trajectory:
     def total_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.sequences)
 
-    def extendable(self, prompt: list[int]) -> Sequence | None:
+    def extendable(self, prompt: list[int]) -> CapturedSequence | None:
         """The sequence this prompt extends token-exactly, if any."""
         for seq in reversed(self.sequences):
             n = len(seq.token_ids)
@@ -95,10 +94,10 @@ class Trajectory:
         main = next((s for s in self.sequences if s.has_tools), self.sequences[0] if self.sequences else None)
         return main.root_key if main else None
 
-    def is_side(self, seq: Sequence) -> bool:
+    def is_side(self, seq: CapturedSequence) -> bool:
         return seq.root_key != self._main_key()
 
-    def root_reason(self, seq: Sequence) -> str:
+    def root_reason(self, seq: CapturedSequence) -> str:
         main = self._main_key()
         if seq.root_key != main:
             return "side_call"
@@ -107,7 +106,7 @@ class Trajectory:
         return "history_rewritten" if seq.has_history else "restart"
 
     def place(self, prompt: list[int], root_key: str, *, has_tools: bool, has_history: bool,
-              policy_version: int) -> tuple[Sequence, bool]:
+              policy_version: int) -> tuple[CapturedSequence, bool]:
         """The sequence a call with this prompt belongs to (opened if none
         extends), with its prompt ids appended; and whether it merged."""
         seq = self.extendable(prompt)
@@ -116,12 +115,12 @@ class Trajectory:
                        [0.0] * (len(prompt) - len(seq.token_ids)))
             seq.policy_version = min(seq.policy_version, policy_version)
             return seq, True
-        seq = Sequence(len(self.sequences), root_key, has_tools, has_history, policy_version)
+        seq = CapturedSequence(len(self.sequences), root_key, has_tools, has_history, policy_version)
         seq.extend(prompt, [0] * len(prompt), [0.0] * len(prompt))
         self.sequences.append(seq)
         return seq, False
 
-    def _sequence_json(self, seq: Sequence) -> dict[str, Any]:
+    def _sequence_json(self, seq: CapturedSequence) -> dict[str, Any]:
         # Shallow: asdict would deep-copy every token list just to serialise it.
         out = {f.name: getattr(seq, f.name) for f in fields(seq) if f.name not in _INTERNAL}
         return {**out, "root_reason": self.root_reason(seq), "side": self.is_side(seq)}

@@ -180,7 +180,7 @@ def main() -> int:
     generated variants of configs/demo.yaml included (setup, CI)."""
     import time
 
-    from legorl_jax.config import DEFAULT_CONFIG, load_config
+    from legorl_jax.core.config import DEFAULT_CONFIG, load_config
     from rollout_server.demo_families import all_demo_tasks
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")

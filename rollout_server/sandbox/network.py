@@ -29,6 +29,7 @@ from typing import Any
 
 import docker
 import docker.errors
+from docker.models.networks import Network
 
 from rollout_server.sandbox.base import SandboxError
 
@@ -97,7 +98,7 @@ def _install_rules(bridge: str, chain: str, gateway: str, proxy_port: int) -> No
         _iptables("-I", *jump)
 
 
-def _get_or_create(client: docker.DockerClient, name: str, bridge: str) -> docker.models.networks.Network:
+def _get_or_create(client: docker.DockerClient, name: str, bridge: str) -> Network:
     try:
         return client.networks.get(name)
     except docker.errors.NotFound:
@@ -130,7 +131,7 @@ def ensure_proxy_network(client: docker.DockerClient, proxy_port: int) -> ProxyN
         if not attrs.get("Internal"):
             raise SandboxError(f"network {name} exists but is not internal; remove it (docker network rm {name})")
         gateway = network_gateway(attrs)
-        bridge = attrs.get("Options", {}).get("com.docker.network.bridge.name", f"br-{network.id[:12]}")
+        bridge = attrs.get("Options", {}).get("com.docker.network.bridge.name", f"br-{network.short_id}")
         _install_rules(bridge, chain, gateway, proxy_port)
     return ProxyNetwork(name=name, gateway=gateway, proxy_port=proxy_port)
 

@@ -1,11 +1,12 @@
 """Engine contract suite: what the project relies on from any inference engine.
 
-    pytest tests/contract --engine-url http://gpu-host:8000 \
-        [--engine-reload-path DIR --engine-reload-method reload_weights_from_path]
+    pytest tests/contract --engine-url http://gpu-host:8000 [--engine-reload-path DIR]
 
-Without --engine-url it starts the embedded JAX engine on a tiny random model.
+Without --engine-url it runs twice on a tiny random model: against the
+embedded JAX engine, and against `vllm serve` as the launcher starts it, with
+the vLLM stand-in (tests/serve/vllm_standin.py) as the executable.
 The reload test needs a weights directory the engine can load whose weights
-differ from the served ones (it is built for the embedded engine); against an
+differ from the served ones (built here for the local engines); against an
 external engine it is skipped unless --engine-reload-path is given, and the
 engine keeps the reloaded weights afterwards.
 
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_server.backends.client import SyncEngineClient
+from legorl_jax.core.config import EngineConfig
+from rollout_server.backends.client import EngineWatch, SyncEngineClient
 
 
 def _option(config: pytest.Config, name: str, default: str | None = None) -> str | None:
@@ -37,17 +39,36 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     return base, update
 
 
-@pytest.fixture(scope="session")
-def engine_url(request: pytest.FixtureRequest) -> Iterator[str]:
+@pytest.fixture(scope="session", params=["embedded", "vllm-standin"])
+def engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, EngineWatch | None, bool]]:
+    """(URL, launcher watch, whether prompt logprobs are fixed at temperature 1) of the engine under test."""
     url = _option(request.config, "--engine-url")
     if url:
-        yield url.rstrip("/")
+        if request.param != "embedded":
+            pytest.skip("--engine-url given: the suite runs once, against it")
+        yield url.rstrip("/"), None, False
         return
-    from legorl_jax.serve.server import EmbeddedEngine
-
     base, _ = request.getfixturevalue("tiny_checkpoints")
-    with EmbeddedEngine.start(base, max_slots=8, max_len=128, max_chunk=32) as running:
-        yield running.url
+    if request.param == "embedded":
+        from legorl_jax.serve.server import EmbeddedEngine
+
+        with EmbeddedEngine.start(base, max_slots=8, max_len=128, max_chunk=32) as running:
+            yield running.url, None, False
+        return
+    from rollout_server.backends.launch import start_engine
+    from rollout_server.backends.vllm import VllmOptions
+
+    config = EngineConfig(kind="vllm", port=0, max_batch=8, max_context=128)
+    launched = start_engine(config, base, VllmOptions(executable=request.getfixturevalue("vllm_standin")))
+    try:
+        yield launched.url, launched, True
+    finally:
+        launched.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_url(engine: tuple[str, EngineWatch | None, bool]) -> str:
+    return engine[0]
 
 
 @pytest.fixture(scope="session")
@@ -61,8 +82,8 @@ def reload_path(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def client(engine_url: str, request: pytest.FixtureRequest) -> Iterator[SyncEngineClient]:
-    method = _option(request.config, "--engine-reload-method", "reload_weights")
-    sync = SyncEngineClient(engine_url, timeout=300, reload_method=method or "reload_weights")
+def client(engine: tuple[str, EngineWatch | None, bool]) -> Iterator[SyncEngineClient]:
+    url, watch, unit_temperature = engine
+    sync = SyncEngineClient(url, timeout=300, watch=watch, unit_temperature_prompt_logprobs=unit_temperature)
     yield sync
     sync.close()

@@ -137,7 +137,7 @@ def test_weight_reload_sequence(client: SyncEngineClient, prompt: list[int], rel
     before = client.complete(prompt, max_tokens=4, seed=2, ignore_eos=True)[0]
 
     async def update() -> dict[str, Any]:
-        async with EngineClient(engine_url, timeout=300, reload_method=client.reload_method) as aclient:
+        async with EngineClient(engine_url, timeout=300, watch=client.watch) as aclient:
             return await aclient.update_weights(reload_path)
 
     result = asyncio.run(update())

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from legorl_jax.train.demonstrations import Demonstration, record_demonstrations
+from legorl_jax.demo.demonstrations import Demonstration, record_demonstrations
 from rollout_server.demo_families import FAMILIES, generated_tasks
 from rollout_server.harnesses.lego import LegoOptions
 from rollout_server.tasks import Task

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from legorl_jax.config import Config
+from legorl_jax.core.config import Config
+from legorl_jax.demo import demo_model
+from legorl_jax.demo.demo_model import BUILD_INFO, DemoModelSpec, cache_key, demo_harness_options, ensure_demo_model
+from legorl_jax.demo.sft import SFTConfig
 from legorl_jax.models import from_hf
-from legorl_jax.train import demo_model
-from legorl_jax.train.demo_model import BUILD_INFO, DemoModelSpec, cache_key, demo_harness_options, ensure_demo_model
-from legorl_jax.train.sft import SFTConfig
 from rollout_server.tasks import demo_tasks
 
 TINY = DemoModelSpec(
@@ -25,6 +25,7 @@ def one_task() -> list:
     return [next(t for t in demo_tasks() if t.name == "edit-config")]
 
 
+@pytest.mark.slow  # the whole demo build: demonstrations, SFT, export
 def test_build_then_cache_hit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     built = ensure_demo_model(tmp_path, progress=False, spec=TINY, tasks=one_task())
     info = json.loads((built / BUILD_INFO).read_text())

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 from conftest import CONFIGS
 
-from legorl_jax.train.demonstrations import (
+from legorl_jax.demo.demonstrations import (
     DESCRIBE_TEXT,
     EXPLORE_COMMAND,
     FAILING_PLANS,
     FINISH_TEXT,
     PLANS,
-    DemonstrationError,
     Demonstration,
+    DemonstrationError,
     plan_texts,
     record_demonstrations,
     solution_command,
@@ -69,7 +69,7 @@ def test_masks_cover_exactly_the_assistant_turns(
         for a, _ in spans:
             # Each masked span starts right after an assistant header, which itself is prompt (mask 0).
             assert tokenizer.decode(list(ids[:a])).endswith(HEADER)
-        unmasked = tokenizer.decode([t for t, m in zip(ids, mask) if not m])
+        unmasked = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])
         assert unmasked.startswith("<|im_start|>system\n") and tasks[demo.task].instruction in unmasked
         assert unmasked.count(HEADER) == len(spans)
 

@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from legorl_jax.models import from_hf, token_logprobs
-from legorl_jax.models.demo_assets import build_tiny_hf_model
-from legorl_jax.train.demonstrations import Demonstration
-from legorl_jax.train.sft import (
+from legorl_jax.demo.demonstrations import Demonstration
+from legorl_jax.demo.sft import (
     SFTConfig,
     evaluate,
     pass_estimate,
@@ -22,6 +20,8 @@ from legorl_jax.train.sft import (
     sft_loss,
     train_sft,
 )
+from legorl_jax.models import from_hf, token_logprobs
+from legorl_jax.models.demo_assets import build_tiny_hf_model
 
 
 @pytest.fixture(scope="module")

@@ -80,7 +80,7 @@ class ScriptedChatServer:
         if reply.tool_calls:
             message["tool_calls"] = [
                 {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
-                for cid, (name, args) in zip(call_ids, reply.tool_calls)
+                for cid, (name, args) in zip(call_ids, reply.tool_calls, strict=True)
             ]
         return {
             "id": "chatcmpl-scripted",
@@ -115,7 +115,7 @@ class ScriptedChatServer:
         for piece in (reply.content[:half], reply.content[half:]):
             if piece:
                 yield chunk({"content": piece})
-        for index, (cid, (name, args)) in enumerate(zip(call_ids, reply.tool_calls)):
+        for index, (cid, (name, args)) in enumerate(zip(call_ids, reply.tool_calls, strict=True)):
             start = {"index": index, "id": cid, "type": "function", "function": {"name": name, "arguments": ""}}
             yield chunk({"tool_calls": [start]})
             cut = len(args) // 2

@@ -1,4 +1,4 @@
-"""Launch specs of the real harness CLIs match the settings observed to work offline (shared/HARNESSES.md)."""
+"""Launch specs of the real harness CLIs carry the settings each CLI needs to run offline against the proxy."""
 
 from __future__ import annotations
 

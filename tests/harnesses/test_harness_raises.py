@@ -16,7 +16,8 @@ import pytest
 from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.harnesses import get_harness
 from rollout_server.proxy.session import SessionStore
-from rollout_server.sandbox import SandboxError, SandboxFactory
+from rollout_server.sandbox.base import SandboxError
+from rollout_server.sandbox.factory import SandboxFactory
 from rollout_server.tasks import DEMO_TASKS_DIR, load_task
 from rollout_server.trial import TrialHost, TrialSpec, run_trial
 

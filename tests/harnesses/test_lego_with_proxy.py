@@ -17,14 +17,15 @@ import pytest
 from proxy.scripted_engine import ScriptedEngine, ServerThread
 from transformers import AutoTokenizer
 
+from legorl_jax.core.config import SessionCaps
 from legorl_jax.models.tokenizer import build_demo_tokenizer
 from rollout_server.harnesses import HarnessContext, get_harness
 from rollout_server.harnesses.lego import LegoResult
 from rollout_server.proxy.app import build_app
-from rollout_server.proxy.engine_client import EngineClient
+from rollout_server.proxy.engine_client import ProxyEngineClient
 from rollout_server.proxy.render import ChatTemplate
 from rollout_server.proxy.service import ProxyCore
-from rollout_server.proxy.session import Session, SessionCaps, SessionSpec, SessionStore
+from rollout_server.proxy.session import Session, SessionSpec, SessionStore
 from rollout_server.sandbox.local import LocalSandbox
 
 
@@ -38,7 +39,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tokenizer = AutoTokenizer.from_pretrained(build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer")))
     engine = ScriptedEngine(tokenizer)
     with ServerThread(engine.app) as engine_server:
-        core = ProxyCore(ChatTemplate(tokenizer), EngineClient(engine_server.url, "scripted"), SessionStore(),
+        core = ProxyCore(ChatTemplate(tokenizer), ProxyEngineClient(engine_server.url, "scripted"), SessionStore(),
                          max_context=4096)
         with ServerThread(build_app(core, keepalive_s=0.2)) as proxy_server:
             yield Stack(engine, core, proxy_server.url)
@@ -81,7 +82,7 @@ def test_episode_through_the_proxy_is_one_captured_sequence(
     trajectory = session.trajectory.to_json()
     assert [c["merged"] for c in trajectory["calls"]] == [False, True, True]
     (sequence,) = trajectory["sequences"]
-    sampled = [t for t, m in zip(sequence["token_ids"], sequence["loss_mask"]) if m]
+    sampled = [t for t, m in zip(sequence["token_ids"], sequence["loss_mask"], strict=True) if m]
     assert sampled == [t for reply in stack.engine.log.replies for t in reply["token_ids"]]
 
 
@@ -100,7 +101,7 @@ def test_summarising_starts_a_new_sequence(stack: Stack, sandbox: LocalSandbox) 
     # The summary call has no tool list, so its prompt renders differently, and the restart rewrites
     # the history: each starts a new sequence, and every sampled token is still captured once.
     assert [c["merged"] for c in trajectory["calls"]] == [False, False, False]
-    sampled = [t for seq in trajectory["sequences"] for t, m in zip(seq["token_ids"], seq["loss_mask"]) if m]
+    sampled = [t for seq in trajectory["sequences"] for t, m in zip(seq["token_ids"], seq["loss_mask"], strict=True) if m]
     assert sampled == [t for reply in stack.engine.log.replies for t in reply["token_ids"]]
 
 

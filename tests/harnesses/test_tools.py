@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from legorl_jax.config import load_config
-from rollout_server.harnesses import get_harness
+from legorl_jax.core.config import load_config
+from rollout_server.harnesses import get_harness, venv_runner
 from rollout_server.harnesses.base import CliHarness, InstallSpec
-from rollout_server.harnesses import venv_runner
 from rollout_server.harnesses.tools import HarnessTools, Provision
 from rollout_server.sandbox.base import SandboxError, ToolMount
 from rollout_server.sandbox.docker import _bind_mounts

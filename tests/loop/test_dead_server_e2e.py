@@ -17,10 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from .test_train_e2e import HERE, train_command, train_steps
 
 LEGORL = str(Path(sys.executable).with_name("legorl"))
 _LISTENING = re.compile(r"rollout server on (\S+)")
+# Two rollout servers and a trainer in subprocesses: minutes.
+pytestmark = pytest.mark.slow
 
 
 def start_server(model: Path, log_path: Path) -> tuple[subprocess.Popen, str]:

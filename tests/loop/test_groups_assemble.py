@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from legorl_jax.config import HarnessSpec
+from legorl_jax.core.config import HarnessSpec
 from legorl_jax.fleet import GroupResult, GroupSpec
 from legorl_jax.train.assemble import assemble, is_informative, rollout_metrics
 from legorl_jax.train.groups import GroupSampler, harness_choice

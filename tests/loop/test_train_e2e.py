@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+# Whole `legorl train` runs in subprocesses: minutes each.
+pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 

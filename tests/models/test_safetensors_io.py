@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from legorl_jax.models import safetensors_io
-from legorl_jax.models.safetensors_io import SafetensorsFile, SafetensorsFileError, read_blocks, save_file
+from legorl_jax.core import safetensors_io
+from legorl_jax.core.safetensors_io import SafetensorsFile, SafetensorsFileError, read_blocks, save_file
 
 
 def _tensors() -> dict[str, np.ndarray]:

@@ -12,10 +12,11 @@ import httpx
 import pytest
 
 from rollout_server.proxy.app import build_app
-from rollout_server.proxy.engine_client import EngineClient
+from rollout_server.proxy.engine_client import ProxyEngineClient
 from rollout_server.proxy.render import ChatTemplate, Prompt
 from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import SessionStore
+
 from .scripted_engine import ScriptedEngine, ServerThread
 
 ADMIN_TOKEN = "admin-test-token"
@@ -90,7 +91,7 @@ class Proxy:
 @pytest.fixture(scope="session")
 def _proxy_server(_engine_server: tuple[ScriptedEngine, str], template: ChatTemplate) -> Iterator[Proxy]:
     _, engine_url = _engine_server
-    core = ProxyCore(template, EngineClient(engine_url, "scripted"), SessionStore(), max_context=MAX_CONTEXT)
+    core = ProxyCore(template, ProxyEngineClient(engine_url, "scripted"), SessionStore(), max_context=MAX_CONTEXT)
     with ServerThread(build_app(core, keepalive_s=0.2, admin_token=ADMIN_TOKEN)) as server:
         yield Proxy(server.url, core)
 

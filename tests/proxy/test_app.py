@@ -173,7 +173,7 @@ def test_ids_from_token_id_strings_and_malformed_engine_replies(proxy: Any, engi
     engine.push("from strings")
     assert client.chat.completions.create(model="m", messages=HI).choices[0].message.content == "from strings"  # type: ignore[arg-type]
     seq = proxy.trajectory(session["key"])["sequences"][0]
-    assert [t for t, m in zip(seq["token_ids"], seq["loss_mask"]) if m] == engine.log.replies[0]["token_ids"]
+    assert [t for t, m in zip(seq["token_ids"], seq["loss_mask"], strict=True) if m] == engine.log.replies[0]["token_ids"]
     engine.drop_logprob = True
     with pytest.raises(openai.InternalServerError) as broken:
         client.chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]

@@ -129,8 +129,8 @@ def test_rewritten_history_recomputes_logprobs_of_reused_turns(proxy: Any, engin
     assert traj["metrics"]["recomputed_calls"] == int(recompute)
     new = traj["sequences"][1]
     trained = [(at, t, lp) for at, (t, m, lp) in enumerate(zip(new["token_ids"], new["loss_mask"],
-                                                               new["behavior_logprobs"])) if m]
-    own = [(t, lp) for t, lp in zip(engine.log.replies[2]["token_ids"], engine.log.replies[2]["logprobs"])]
+                                                               new["behavior_logprobs"], strict=True)) if m]
+    own = [(t, lp) for t, lp in zip(engine.log.replies[2]["token_ids"], engine.log.replies[2]["logprobs"], strict=True)]
     prompt_len = len(engine.log.prompts[2])
     assert [(t, lp) for at, t, lp in trained if at >= prompt_len] == own
     earlier = [(at, t, lp) for at, t, lp in trained if at < prompt_len]

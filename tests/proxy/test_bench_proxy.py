@@ -18,6 +18,7 @@ from .scripted_engine import ScriptedEngine
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # the whole benchmark script, engine and proxy processes included
 def test_bench_runs_and_reports_every_figure() -> None:
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_proxy.py"), "--sessions", "2", "--turns", "3",
                            "--min-calls", "12", "--rounds", "2"], capture_output=True, text=True, timeout=240)

@@ -17,13 +17,13 @@ import httpx
 import openai
 import pytest
 
-from legorl_jax.config import ProxyConfig
+from legorl_jax.core.config import ProxyConfig
 from legorl_jax.models.tokenizer import load_chat_template
-from rollout_server.proxy import SessionSpec, build_app, build_core
-from rollout_server.proxy.engine_client import EngineClient
+from rollout_server.proxy.app import build_app
+from rollout_server.proxy.engine_client import ProxyEngineClient
 from rollout_server.proxy.render import ChatTemplate
-from rollout_server.proxy.service import ProxyCore, load_template
-from rollout_server.proxy.session import SessionStore
+from rollout_server.proxy.service import ProxyCore, build_core, load_template
+from rollout_server.proxy.session import SessionSpec, SessionStore
 
 from .chat_formats import BASH, CHATML_NO_TOOLS_TEMPLATE, build_llama_style_tokenizer, with_template
 from .conftest import checked_renders
@@ -84,7 +84,7 @@ def no_tools_proxy(no_tools_dir: Path, engine: ScriptedEngine, _engine_server: t
     assert not template.renders_tools
     warning = caplog.records[-1].getMessage()
     assert "renders no tools" in warning and "refused (400)" in warning and FIX in warning
-    core = ProxyCore(template, EngineClient(_engine_server[1], "scripted"), SessionStore(), max_context=4096)
+    core = ProxyCore(template, ProxyEngineClient(_engine_server[1], "scripted"), SessionStore(), max_context=4096)
     with ServerThread(build_app(core)) as server:
         yield server.url, core.store.create(SessionSpec()).key
 

@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 
 from rollout_server.proxy import jsonio
 from rollout_server.proxy.app import ProxyApp, build_app
-from rollout_server.proxy.engine_client import EngineClient
+from rollout_server.proxy.engine_client import ProxyEngineClient
 from rollout_server.proxy.render import ChatTemplate
 from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import SessionStore
@@ -35,7 +35,7 @@ PATHS = [
 @pytest.fixture()
 def app(template: ChatTemplate) -> ProxyApp:
     # An engine nobody listens on: these requests never get past the session check.
-    core = ProxyCore(template, EngineClient("http://127.0.0.1:9", "m"), SessionStore(), max_context=512)
+    core = ProxyCore(template, ProxyEngineClient("http://127.0.0.1:9", "m"), SessionStore(), max_context=512)
     return build_app(core, admin_token="t")
 
 

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import uvicorn
 
-from rollout_server.proxy.engine_client import EngineClient, SamplingParams
+from rollout_server.proxy.engine_client import CompletionParams, ProxyEngineClient
 from rollout_server.proxy.engine_transport import EngineConnectionError, EngineTransport
 from rollout_server.proxy.errors import ProxyError
+
 from .http_instruments import (
     MALFORMED,
     ClosingServerThread,
@@ -326,9 +327,9 @@ def test_error_status_bodies_come_back_unchanged(url: str, code: int) -> None:
 @pytest.mark.parametrize("kind", sorted(MALFORMED))
 def test_engine_client_malformed_200_is_engine_unavailable(url: str, kind: str) -> None:
     async def main() -> None:
-        client = EngineClient(f"{url}/malformed/{kind}", "m")
+        client = ProxyEngineClient(f"{url}/malformed/{kind}", "m")
         try:
-            await client.complete([1, 2, 3], SamplingParams(1.0, 1.0, -1, 4, ()))
+            await client.complete([1, 2, 3], CompletionParams(1.0, 1.0, -1, 4, ()))
         finally:
             await client.aclose()
 

@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
+from legorl_jax.core.config import SessionCaps
 from rollout_server.proxy.app import build_app
-from rollout_server.proxy.engine_client import EngineClient
+from rollout_server.proxy.engine_client import ProxyEngineClient
 from rollout_server.proxy.service import ProxyCore
-from rollout_server.proxy.session import SessionCaps, SessionSpec, SessionStore
+from rollout_server.proxy.session import SessionSpec, SessionStore
 
 from .scripted_engine import ScriptedEngine
 
@@ -86,7 +87,7 @@ def fuzz_target(_engine_server: tuple[ScriptedEngine, str], template: Any) -> It
     engine, url = _engine_server
     engine.reset()
     store = SessionStore(SessionCaps(max_model_calls=100000, max_total_tokens=10**9, max_wall_s=3600))
-    core = ProxyCore(template, EngineClient(url, "scripted"), store, max_context=2048)
+    core = ProxyCore(template, ProxyEngineClient(url, "scripted"), store, max_context=2048)
     with TestClient(build_app(core, keepalive_s=5.0, admin_token="t"), raise_server_exceptions=True) as client:
         yield client, store, engine
 

@@ -17,6 +17,7 @@ import pytest
 
 from rollout_server.proxy.conversation import ChatRequest, Message, ToolCall
 from rollout_server.proxy.render import ChatTemplate, PrefixMemo, Prompt, SampledTurn
+
 from .scripted_engine import ScriptedEngine
 from .test_anthropic import CACHE
 from .test_gemini import TOOLS as GEMINI_TOOLS

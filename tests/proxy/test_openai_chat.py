@@ -24,8 +24,8 @@ def call_text(name: str, args: dict[str, Any], thought: str = "I should look.", 
 
 def assert_captured(seq: dict[str, Any], engine: ScriptedEngine) -> None:
     """Every masked-in token is one the engine sampled, in order, with its logprob."""
-    sampled = [(t, lp) for t, m, lp in zip(seq["token_ids"], seq["loss_mask"], seq["behavior_logprobs"]) if m]
-    emitted = [(t, lp) for reply in engine.log.replies for t, lp in zip(reply["token_ids"], reply["logprobs"])]
+    sampled = [(t, lp) for t, m, lp in zip(seq["token_ids"], seq["loss_mask"], seq["behavior_logprobs"], strict=True) if m]
+    emitted = [(t, lp) for reply in engine.log.replies for t, lp in zip(reply["token_ids"], reply["logprobs"], strict=True)]
     assert sampled == emitted
 
 

@@ -1,5 +1,5 @@
 """Real harness CLIs, offline, against the proxy in front of the scripted
-engine (settings from shared/HARNESSES.md): each completes a two-tool-call
+engine (each with its harness module's launch settings): each completes a two-tool-call
 task, and the whole episode merges into one captured token sequence.
 
 The CLIs come from PATH (`npm install -g` and `pip install`, as the harness
@@ -134,7 +134,7 @@ def test_real_cli_two_tool_calls_one_sequence(proxy: Any, engine: ScriptedEngine
     (sequence,) = [s for s in traj["sequences"] if not s["side"]]
     sides = [s for s in traj["sequences"] if s["side"]]
     assert all(s["root_reason"] == "side_call" for s in sides) and len(sides) == (1 if "opencode" in name else 0)
-    task_replies = [r for r, c in zip(engine.log.replies, engine.log.prompts)
+    task_replies = [r for r, c in zip(engine.log.replies, engine.log.prompts, strict=False)
                     if "Generate a title" not in engine.tokenizer.decode(c)]
-    sampled = [(t, lp) for t, m, lp in zip(sequence["token_ids"], sequence["loss_mask"], sequence["behavior_logprobs"]) if m]
-    assert sampled == [(t, lp) for r in task_replies for t, lp in zip(r["token_ids"], r["logprobs"])]
+    sampled = [(t, lp) for t, m, lp in zip(sequence["token_ids"], sequence["loss_mask"], sequence["behavior_logprobs"], strict=True) if m]
+    assert sampled == [(t, lp) for r in task_replies for t, lp in zip(r["token_ids"], r["logprobs"], strict=True)]

@@ -7,8 +7,10 @@ from typing import Any
 
 import openai
 
-from legorl_jax.config import ProxyConfig
-from rollout_server.proxy import SessionSpec, build_app, build_core
+from legorl_jax.core.config import ProxyConfig
+from rollout_server.proxy.app import build_app
+from rollout_server.proxy.service import build_core
+from rollout_server.proxy.session import SessionSpec
 
 from .scripted_engine import ScriptedEngine, ServerThread
 

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout_server.proxy.trajectory import Trajectory
+from rollout_server.proxy.trajectory import CapturedTrajectory
 
 
-def sample(traj: Trajectory, prompt: list[int], completion: list[int], root: str = "main", *, tools: bool = True,
+def sample(traj: CapturedTrajectory, prompt: list[int], completion: list[int], root: str = "main", *, tools: bool = True,
            history: bool = True, version: int = 0) -> tuple[int, bool]:
     seq, merged = traj.place(prompt, root, has_tools=tools, has_history=history, policy_version=version)
     seq.extend(completion, [1] * len(completion), [-0.5] * len(completion))
     return seq.index, merged
 
 
-def reasons(traj: Trajectory) -> list[tuple[Any, Any]]:
+def reasons(traj: CapturedTrajectory) -> list[tuple[Any, Any]]:
     return [(s["root_reason"], s["side"]) for s in traj.to_json()["sequences"]]
 
 
 def test_extension_merges_and_masks_only_sampled_tokens() -> None:
-    traj = Trajectory()
+    traj = CapturedTrajectory()
     assert sample(traj, [1, 2], [3, 4], history=False) == (0, False)
     assert sample(traj, [1, 2, 3, 4, 5], [6], version=3) == (0, True)
     seq = traj.sequences[0]
@@ -30,7 +30,7 @@ def test_extension_merges_and_masks_only_sampled_tokens() -> None:
 
 
 def test_prompt_that_drops_the_completion_is_not_an_extension() -> None:
-    traj = Trajectory()
+    traj = CapturedTrajectory()
     sample(traj, [1, 2], [3], history=False)
     assert sample(traj, [1, 2, 9], [4]) == (1, False)
     assert sample(traj, [1, 2], [5], history=False) == (2, False)
@@ -38,7 +38,7 @@ def test_prompt_that_drops_the_completion_is_not_an_extension() -> None:
 
 
 def test_side_calls_extend_their_own_sequence() -> None:
-    traj = Trajectory()
+    traj = CapturedTrajectory()
     sample(traj, [1], [2], history=False)
     assert sample(traj, [7], [8], root="title", tools=False, history=False) == (1, False)
     assert sample(traj, [1, 2, 3], [4]) == (0, True)
@@ -50,7 +50,7 @@ def test_side_calls_extend_their_own_sequence() -> None:
 
 
 def test_a_title_call_before_the_work_is_the_side_call() -> None:
-    traj = Trajectory()
+    traj = CapturedTrajectory()
     sample(traj, [7], [8], root="title", tools=False, history=False)  # OpenCode asks for a title first
     sample(traj, [1], [2], history=False)
     assert reasons(traj) == [("side_call", True), ("first_call", False)]

@@ -13,9 +13,10 @@ import pytest
 import tensorstore as ts
 from flax import nnx
 
+from legorl_jax.core.weight_layout import MANIFEST_FILE
 from legorl_jax.models import CausalLM, hf_io
 from legorl_jax.train.publish import DirectoryPublisher, PublishError
-from rollout_server.weights import MANIFEST_FILE, resolve_location
+from rollout_server.weights import resolve_location
 
 SMALL_SHARDS = 16 * 2**10  # several shard files for the tiny model
 

@@ -11,17 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from legorl_jax.core.weight_layout import INDEX_FILE, WeightTransferError
 from legorl_jax.models import CausalLM
 from legorl_jax.train.publish import DirectoryPublisher
 from legorl_jax.train.weight_stream import weight_chunks
 from protos.legorl.v1 import rollout_pb2 as pb
-from rollout_server.weights import (
-    INDEX_FILE,
-    WeightStreamStalled,
-    WeightTransferError,
-    receive_stream,
-    resolve_location,
-)
+from rollout_server.weights import WeightStreamStalled, receive_stream, resolve_location
 
 Messages = list[pb.WeightChunk]
 

@@ -14,19 +14,20 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from legorl_jax.core.weight_delta import (
+    BaseMismatch,
+    DeltaError,
+    apply_delta,
+    encode_delta,
+    read_header,
+    weights_digest,
+)
+from legorl_jax.core.weight_layout import WeightTransferError, read_manifest, read_tensors
 from legorl_jax.models import CausalLM
 from legorl_jax.train.publish import DirectoryPublisher
 from legorl_jax.train.weight_stream import weight_chunks
 from protos.legorl.v1 import rollout_pb2 as pb
-from rollout_server.weight_delta import BaseMismatch, DeltaError, apply_delta, encode_delta, read_header, weights_digest
-from rollout_server.weights import (
-    WeightBaseMismatch,
-    WeightTransferError,
-    read_manifest,
-    read_tensors,
-    receive_stream,
-    resolve_location,
-)
+from rollout_server.weights import WeightBaseMismatch, receive_stream, resolve_location
 
 
 def nudged(model: CausalLM, seed: int, lr: float = 1e-3) -> CausalLM:

@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 import pytest
 
+from legorl_jax.core.weight_layout import read_tensors
 from legorl_jax.models import CausalLM
 from legorl_jax.train.publish import DirectoryPublisher
 from legorl_jax.train.weight_stream import WeightStreamer, weight_chunks
@@ -21,7 +22,6 @@ from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.service import RolloutService
 from rollout_server.weight_host import MemoryEngine, start
-from rollout_server.weights import read_tensors
 from tests.publish.test_weight_delta import nudged, same_bits
 
 

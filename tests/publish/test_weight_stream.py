@@ -19,12 +19,13 @@ import transformers
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from legorl_jax.core.weight_layout import WeightTransferError
 from legorl_jax.models import CausalLM, from_hf
 from legorl_jax.train.publish import DirectoryPublisher, publish_weights
 from legorl_jax.train.weight_stream import WeightStreamer, WeightStreamError, weight_chunks
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
-from rollout_server.weights import WeightTransferError, receive_stream
+from rollout_server.weights import receive_stream
 
 
 class ReceivingServicer(pb_grpc.RolloutServiceServicer):

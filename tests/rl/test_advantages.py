@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from legorl_jax.core.registry import UnknownNameError
 from legorl_jax.rl.advantages import ADVANTAGES, compute_advantages
-from legorl_jax.rl.registry import UnknownNameError
 
 
 def _reference(rewards: list[float], name: str) -> list[float]:

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from legorl_jax.config import RLConfig
-from legorl_jax.rl.batching import TrainSequence, pack_step
+from legorl_jax.core.config import RLConfig
+from legorl_jax.core.registry import UnknownNameError
+from legorl_jax.rl.batching import MicroBatch, TrainSequence, pack_step
 from legorl_jax.rl.losses import LOSSES, PolicyInputs, policy_loss
-from legorl_jax.rl.registry import UnknownNameError
 
 jax.config.update("jax_enable_x64", False)
 
@@ -110,7 +110,7 @@ def _jax_objective(seqs: list[Seq], cfg: RLConfig) -> tuple[float, list[np.ndarr
     total, grads = 0.0, []
     for mb, lmb, rmb in zip(step.micro_batches, learner.micro_batches, ref.micro_batches, strict=True):
 
-        def objective(logp: jax.Array) -> jax.Array:
+        def objective(logp: jax.Array, mb: MicroBatch = mb, rmb: MicroBatch = rmb) -> jax.Array:
             inputs = PolicyInputs(
                 logp, jnp.asarray(mb.behavior_logprobs), jnp.asarray(mb.advantages),
                 jnp.asarray(mb.loss_mask), jnp.asarray(mb.seq_ids), mb.num_seqs,

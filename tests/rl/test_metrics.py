@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from legorl_jax.config import RLConfig
+from legorl_jax.core.config import RLConfig
 from legorl_jax.rl.losses import PolicyInputs, policy_loss
 from legorl_jax.rl.metrics import finalize, merge, micro_batch_metrics
 

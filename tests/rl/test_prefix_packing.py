@@ -40,7 +40,7 @@ def _sequences(step: PackedStep) -> dict[int, dict]:
                 "tokens": mb.tokens[r, chain], "positions": mb.positions[r, chain],
                 "adv": float(mb.advantages[r, targets[0]]),
                 # each target is predicted from the token before it in its own chain
-                "pred_ok": all(p in chain and chain[list(chain).index(p) + 1] == t + 1 for p, t in zip(pred, targets)),
+                "pred_ok": all(p in chain and chain[list(chain).index(p) + 1] == t + 1 for p, t in zip(pred, targets, strict=True)),
             }
     return out
 

@@ -24,8 +24,8 @@ import docker
 import grpc
 from proxy.scripted_engine import ScriptedEngine, ServerThread
 
-from legorl_jax.config import Config, load_config
-from legorl_jax.train.demonstrations import tool_call_text
+from legorl_jax.core.config import Config, load_config
+from legorl_jax.demo.demonstrations import tool_call_text
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.sandbox.reaper import OWNER_LABEL, TRIAL_LABEL
@@ -139,9 +139,10 @@ def observations(engine: ScriptedEngine, name: str) -> str:
 
 
 @contextmanager
-def engine_on_host(tokenizer: Any) -> Iterator[tuple[ScriptedEngine, ServerThread, int]]:
-    """The scripted engine bound to all interfaces; yields it, its server thread and its port."""
-    engine = ScriptedEngine(tokenizer)
+def engine_on_host(tokenizer: Any, max_model_len: int = 4096) -> Iterator[tuple[ScriptedEngine, ServerThread, int]]:
+    """The scripted engine bound to all interfaces, serving `max_model_len` tokens of context;
+    yields it, its server thread and its port."""
+    engine = ScriptedEngine(tokenizer, max_model_len=max_model_len)
     thread = ServerThread(engine.app)
     thread.server.config.host = "0.0.0.0"
     with thread:

@@ -25,9 +25,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from legorl_jax.cli import build_parser
-from legorl_jax.config import Config, ConfigError, EngineConfig, GrpcSecurityConfig, load_config
+from legorl_jax.core.config import Config, ConfigError, EngineConfig, GrpcSecurityConfig, load_config
+from legorl_jax.core.grpc_auth import ClientSecurity, client_security
 from legorl_jax.fleet import Fleet, FleetError
-from legorl_jax.grpc_auth import ClientSecurity, client_security
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.launch import start_engine

@@ -23,8 +23,8 @@ from typing import Any, Literal
 import docker
 import pytest
 
-from legorl_jax.config import REPO_ROOT
-from legorl_jax.train.demonstrations import solution_command, tool_call_text
+from legorl_jax.core.config import REPO_ROOT
+from legorl_jax.demo.demonstrations import solution_command, tool_call_text
 from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.harnesses.tools import NPM_DIR, ROOT
 from rollout_server.tasks import DEMO_TASKS_DIR, load_task
@@ -83,14 +83,13 @@ def test_cli_trial_in_docker_is_graded(
         "sandbox.harness_tools.pip_venvs": f"[{installed}]"}
 
     async def main() -> tuple[dict[str, pb.Trajectory], list[str], list[dict[str, Any]]]:
-        with engine_on_host(tokenizer) as (engine, _, engine_port):
+        # Real CLI system prompts run to tens of thousands of demo-tokenizer tokens.
+        with engine_on_host(tokenizer, max_model_len=131072) as (engine, _, engine_port):
             engine.push(cli.shell(command), cli.last)
             config = scripted_server_config(
                 f"http://127.0.0.1:{engine_port}",
                 **{
                     **tools,
-                    # Real CLI system prompts run to tens of thousands of demo-tokenizer tokens.
-                    "engine.max_context": 131072,
                     "proxy.max_total_tokens": 1_000_000,
                     # OpenHands spends ~30 s importing itself on the task's one CPU; a loaded CI host, more.
                     "fleet.agent_timeout_s": 180,
@@ -116,7 +115,7 @@ def test_cli_trial_in_docker_is_graded(
     assert sequence.num_model_calls == 2  # the tool turn and the final turn merged into one sequence
     assert (sequence.root_reason, sequence.recomputed_tokens) == ("first_call", 0)
     # Every token the engine sampled is captured once, in order, with its logprob.
-    sampled = [(t, lp) for t, m, lp in zip(sequence.token_ids, sequence.loss_mask, sequence.behavior_logprobs) if m]
+    sampled = [(t, lp) for t, m, lp in zip(sequence.token_ids, sequence.loss_mask, sequence.behavior_logprobs, strict=True) if m]
     assert [t for t, _ in sampled] == [t for r in replies for t in r["token_ids"]]
     assert [lp for _, lp in sampled] == pytest.approx([lp for r in replies for lp in r["logprobs"]], rel=1e-6)
     # The tool's output reached the second prompt: the write was refused by the mount itself,

@@ -13,13 +13,20 @@ import docker
 import grpc
 import pytest
 
-from legorl_jax.train.demonstrations import solution_command
+from legorl_jax.demo.demonstrations import solution_command
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.tasks import load_task
 
-from .stack import by_script, engine_on_host
-from .stack import rollout_request, running_server, scripted_server_config, task_variant, trial_containers
+from .stack import (
+    by_script,
+    engine_on_host,
+    rollout_request,
+    running_server,
+    scripted_server_config,
+    task_variant,
+    trial_containers,
+)
 
 pytestmark = pytest.mark.docker
 

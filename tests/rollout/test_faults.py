@@ -20,8 +20,19 @@ from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.sandbox.reaper import TRIAL_LABEL
 
-from .stack import by_script, engine_on_host, kill_engine, prompted, until
-from .stack import rollout, rollout_request, running_server, scripted_server_config, task_variant, trial_containers
+from .stack import (
+    by_script,
+    engine_on_host,
+    kill_engine,
+    prompted,
+    rollout,
+    rollout_request,
+    running_server,
+    scripted_server_config,
+    task_variant,
+    trial_containers,
+    until,
+)
 
 pytestmark = pytest.mark.docker
 

@@ -19,7 +19,7 @@ import grpc
 import pytest
 from proxy.scripted_engine import ScriptedEngine, ServerThread
 
-from legorl_jax.config import load_config
+from legorl_jax.core.config import load_config
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.server import RolloutServer
@@ -32,7 +32,8 @@ Body = Callable[[RolloutServer, pb_grpc.RolloutServiceStub], Awaitable[None]]
 
 @pytest.fixture(scope="module")
 def engine_url(tokenizer: Any) -> Any:
-    with ServerThread(ScriptedEngine(tokenizer).app) as thread:
+    # The server holds requests to the context the engine reports, here 512 tokens.
+    with ServerThread(ScriptedEngine(tokenizer, max_model_len=512).app) as thread:
         yield thread.url
 
 
@@ -48,7 +49,6 @@ def serve(engine_url: str, model_dir: Path, body: Body, *overrides: str) -> None
             "fleet.capacity_per_server=2",
             "fleet.max_queued_per_server=4",
             "fleet.max_trial_timeout_s=900",
-            "engine.max_context=512",
             "proxy.max_model_calls=10",
             *overrides,
         ],

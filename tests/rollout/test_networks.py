@@ -11,7 +11,7 @@ import docker
 import docker.errors
 import pytest
 
-from rollout_server.sandbox import SandboxFactory
+from rollout_server.sandbox.factory import SandboxFactory
 from rollout_server.sandbox.network import ensure_proxy_network, reap_stale_networks, remove_proxy_network
 
 pytestmark = pytest.mark.docker

@@ -19,16 +19,25 @@ from typing import Any
 
 import docker
 import pytest
-
-from legorl_jax.train.demonstrations import solution_command
-from protos.legorl.v1 import rollout_pb2 as pb
-from rollout_server.sandbox.network import network_gateway
-from rollout_server.tasks import DEMO_TASKS_DIR, demo_tasks, load_task
 from tasks.hostile_agent import DONE
 from tasks.hostile_agent import attacks as generic_attacks
 
-from .stack import by_script, engine_on_host, observations
-from .stack import rollout, rollout_request, running_server, scripted_server_config, task_variant, trial_containers
+from legorl_jax.demo.demonstrations import solution_command
+from protos.legorl.v1 import rollout_pb2 as pb
+from rollout_server.sandbox.network import network_gateway
+from rollout_server.tasks import DEMO_TASKS_DIR, demo_tasks, load_task
+
+from .stack import (
+    by_script,
+    engine_on_host,
+    observations,
+    rollout,
+    rollout_request,
+    running_server,
+    scripted_server_config,
+    task_variant,
+    trial_containers,
+)
 
 pytestmark = pytest.mark.docker
 

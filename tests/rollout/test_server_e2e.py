@@ -55,7 +55,7 @@ def test_groups_of_lego_trials_over_grpc(model_dir: Path) -> None:
                 assert t.metrics.phase_times.agent_s > 0 and t.metrics.phase_times.verify_s > 0
                 seq = t.sequences[0]
                 assert len(seq.token_ids) == len(seq.loss_mask) == len(seq.behavior_logprobs)
-                sampled = [lp for lp, m in zip(seq.behavior_logprobs, seq.loss_mask) if m]
+                sampled = [lp for lp, m in zip(seq.behavior_logprobs, seq.loss_mask, strict=True) if m]
                 assert sampled and all(lp <= 0.0 for lp in sampled)
                 assert t.harness.config_id == result.spec.harness.config_id
 

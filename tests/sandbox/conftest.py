@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 import docker
 import pytest
 
-from rollout_server.sandbox import DockerSandbox, SandboxSpec
+from rollout_server.sandbox.base import SandboxSpec
+from rollout_server.sandbox.docker import DockerSandbox
 from rollout_server.sandbox.images import BASE_IMAGE, ensure_base_image
 from rollout_server.sandbox.network import ProxyNetwork
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from rollout_server.sandbox import AGENT_USER, DockerSandbox, SandboxError, SandboxSpec
-from rollout_server.sandbox.docker import _storage_size_support
+from rollout_server.sandbox.base import AGENT_USER, SandboxError, SandboxSpec
+from rollout_server.sandbox.docker import DockerSandbox, _storage_size_support
 from rollout_server.sandbox.images import BASE_IMAGE
 from rollout_server.sandbox.reaper import DEADLINE_LABEL, OWNER_LABEL, TRIAL_LABEL, owner_id
 

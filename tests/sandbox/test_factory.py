@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-import rollout_server.sandbox as sandbox_pkg
-from legorl_jax.config import SandboxConfig, load_config
-from rollout_server.sandbox import DockerSandbox, LocalSandbox, SandboxError, SandboxFactory, spec_for_task
-from rollout_server.sandbox.local import bwrap_path
+import rollout_server.sandbox.factory as sandbox_factory
+from legorl_jax.core.config import SandboxConfig, load_config
+from rollout_server.sandbox.base import SandboxError
+from rollout_server.sandbox.docker import DockerSandbox
+from rollout_server.sandbox.factory import SandboxFactory, spec_for_task
+from rollout_server.sandbox.local import LocalSandbox, bwrap_path
 from rollout_server.tasks import demo_tasks, load_task
 
 TASK = demo_tasks()[0]
@@ -51,7 +53,7 @@ def test_spec_takes_task_limits_capped_by_the_server(tmp_path: Path) -> None:
 def test_auto_never_falls_back_to_the_local_sandbox_silently(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(sandbox_pkg, "docker_client_or_none", lambda: None)
+    monkeypatch.setattr(sandbox_factory, "docker_client_or_none", lambda: None)
     with pytest.raises(SandboxError, match="sandbox.allow_local_fallback"):
         SandboxFactory(kind="auto", network="proxy_only", proxy_port=9)
     with caplog.at_level(logging.WARNING):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_server.sandbox import AGENT_USER, LocalSandbox, SandboxError, SandboxSpec
-from rollout_server.sandbox.local import _unprivileged_bwrap_works, bwrap_path
+from rollout_server.sandbox.base import AGENT_USER, SandboxError, SandboxSpec
+from rollout_server.sandbox.local import LocalSandbox, _unprivileged_bwrap_works, bwrap_path
 
 from .test_network import serve
 

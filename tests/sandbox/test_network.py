@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 import docker
 import pytest
 
-from rollout_server.sandbox import AGENT_USER, DockerSandbox, SandboxError
+from rollout_server.sandbox.base import AGENT_USER, SandboxError
+from rollout_server.sandbox.docker import DockerSandbox
 from rollout_server.sandbox.network import ProxyNetwork, ensure_proxy_network, network_gateway, remove_proxy_network
 
 MakeBox = Callable[..., DockerSandbox]

@@ -54,9 +54,11 @@ def test_other_hosts_are_left_to_their_deadline() -> None:
 # Starts a sandbox from a child process, prints its container id, then waits to be killed.
 _OWNER_SCRIPT = """
 import sys, time, docker
-from rollout_server.sandbox import DockerSandbox, SandboxSpec
+from rollout_server.sandbox.base import SandboxSpec
+from rollout_server.sandbox.docker import DockerSandbox
 from rollout_server.sandbox.images import BASE_IMAGE
-box = DockerSandbox(SandboxSpec(trial_id="orphan-test", environment_dir=None, docker_image=BASE_IMAGE), docker.from_env(), None)
+spec = SandboxSpec(trial_id="orphan-test", environment_dir=None, docker_image=BASE_IMAGE)
+box = DockerSandbox(spec, docker.from_env(), None)
 box.start()
 print(box.container_id, flush=True)
 time.sleep(600)

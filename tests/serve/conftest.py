@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 # Small enough that every compilation is quick, big enough for real batching;
-# 8 slots give two row buckets (4 and 8), so both step shapes are exercised.
+# 8 slots give three row buckets (1, 4 and 8), so a lone row and padded rows are exercised.
 ENGINE_KWARGS = {"max_slots": 8, "max_len": 96, "max_chunk": 32}
 
 

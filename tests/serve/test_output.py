@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from legorl_jax.serve.engine import FinishEvent, TokenEvent
 from legorl_jax.serve.output import ChoiceBuilder, ChoiceOptions
+from legorl_jax.serve.request_types import FinishEvent, TokenEvent
 
 
 class ByteDetokenizer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from legorl_jax.serve.engine import GenRequest, SamplingParams, Slot
+from legorl_jax.serve.request_types import GenRequest, SamplingParams, Slot
 from legorl_jax.serve.scheduling import (
     build_inputs,
     chunk_buckets,
@@ -32,7 +32,7 @@ def test_buckets() -> None:
     assert chunk_buckets(256) == (1, 4, 16, 64, 256)
     assert chunk_buckets(100) == (1, 4, 16, 64, 100)
     assert chunk_buckets(1) == (1,)
-    assert row_buckets(32) == (4, 16, 32) and row_buckets(8) == (4, 8) and row_buckets(2) == (2,)
+    assert row_buckets(32) == (1, 4, 16, 32) and row_buckets(8) == (1, 4, 8) and row_buckets(2) == (1, 2)
     assert pick_bucket(5, (1, 4, 16)) == 16 and pick_bucket(40, (1, 4, 16)) == 16
     with pytest.raises(ValueError):
         chunk_buckets(0)

@@ -1,59 +1,85 @@
-"""The vLLM launcher: its command line, and supervision (health wait, reload,
-restart after a crash) run for real against a stand-in `vllm` executable."""
+"""The vLLM launcher: its command line, the version check, and supervision
+(health wait, restart after a crash on the weights last installed) run for
+real against the vLLM stand-in (tests/serve/vllm_standin.py)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import stat
 import sys
 import time
+import tomllib
 from pathlib import Path
 
+import httpx
 import pytest
+from packaging.requirements import Requirement
 
-from legorl_jax.config import EngineConfig
 from legorl_jax.cli import build_parser
+from legorl_jax.core.config import EngineConfig
 from rollout_server.backends.embedded import embedded_plan
 from rollout_server.backends.launch import ManagedEngine, start_engine
 from rollout_server.backends.supervisor import EngineStartError
-from rollout_server.backends.vllm import EXTENSION_RELOAD_METHOD, WORKER_EXTENSION, VllmOptions, vllm_plan
+from rollout_server.backends.vllm import SUPPORTED_VLLM, VllmOptions, VllmVersionError, check_vllm_version, vllm_plan
 
-FAKE_VLLM = Path(__file__).with_name("fake_vllm.py")
-
-
-@pytest.fixture(scope="module")
-def fake_vllm(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """An executable named `vllm` that runs the test instrument with this interpreter."""
-    exe = tmp_path_factory.mktemp("bin") / "vllm"
-    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_VLLM}" "$@"\n')
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    return str(exe)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _pairs(command: list[str]) -> dict[str, str]:
     return {a: b for a, b in zip(command, command[1:], strict=False) if a.startswith("--")}
 
 
-def test_vllm_command_carries_the_flags_rl_needs(fake_vllm: str) -> None:
+def test_vllm_command_carries_the_flags_rl_needs(vllm_standin: str) -> None:
     config = EngineConfig(kind="vllm", port=8123, max_batch=48, max_context=8192, extra_args=["--enforce-eager"])
-    plan = vllm_plan(config, "/models/qwen3", VllmOptions(executable=fake_vllm, served_model_name="policy"))
-    assert plan.command[:3] == [fake_vllm, "serve", "/models/qwen3"]
+    plan = vllm_plan(config, "/models/qwen3", VllmOptions(executable=vllm_standin, served_model_name="policy"))
+    assert plan.command[:3] == [vllm_standin, "serve", "/models/qwen3"]
     flags = _pairs(plan.command)
-    assert flags["--logprobs-mode"] == "processed_logprobs"
-    assert flags["--worker-extension-cls"] == WORKER_EXTENSION
+    assert flags["--logprobs-mode"] == "processed_logprobs" and "--worker-extension-cls" not in flags
     assert flags["--max-num-seqs"] == "48" and flags["--max-model-len"] == "8192" and flags["--port"] == "8123"
     assert flags["--served-model-name"] == "policy" and flags["--generation-config"] == "vllm"
     assert "--return-tokens-as-token-ids" in plan.command and plan.command[-1] == "--enforce-eager"
-    assert plan.env == {"VLLM_SERVER_DEV_MODE": "1"}
-    assert plan.url == "http://127.0.0.1:8123" and plan.reload_method == EXTENSION_RELOAD_METHOD
-    native = vllm_plan(config, "/m", VllmOptions(executable=fake_vllm, use_worker_extension=False))
-    assert "--worker-extension-cls" not in native.command and native.reload_method == "reload_weights"
+    assert plan.env == {"VLLM_SERVER_DEV_MODE": "1"} and plan.url == "http://127.0.0.1:8123"
+    # A restart serves newer weights under the same name and tokenizer.
+    later = vllm_plan(config, "/models/qwen3", VllmOptions(executable=vllm_standin), weights_dir="/w/v7")
+    assert later.command[2] == "/w/v7"
+    assert _pairs(later.command)["--served-model-name"] == _pairs(later.command)["--tokenizer"] == "/models/qwen3"
+
+
+def test_each_plan_draws_its_own_seed_unless_one_is_configured(vllm_standin: str) -> None:
+    config = EngineConfig(kind="vllm", port=8123)
+    seeds = {_pairs(vllm_plan(config, "/m", VllmOptions(executable=vllm_standin)).command)["--seed"] for _ in range(8)}
+    assert len(seeds) == 8
+    pinned = vllm_plan(config, "/m", VllmOptions(executable=vllm_standin, seed=42))
+    assert _pairs(pinned.command)["--seed"] == "42"
 
 
 def test_missing_vllm_executable_is_a_clear_error() -> None:
     with pytest.raises(FileNotFoundError, match="not found on PATH"):
         vllm_plan(EngineConfig(kind="vllm"), "/m", VllmOptions(executable="no-such-vllm-binary"))
+    with pytest.raises(VllmVersionError, match="not found on PATH"):
+        check_vllm_version("no-such-vllm-binary")
+
+
+def test_pinned_range_is_the_vllm_extra() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (requirement,) = (Requirement(spec) for spec in extras["vllm"])
+    assert requirement.name == "vllm" and requirement.specifier == SUPPORTED_VLLM
+
+
+@pytest.mark.parametrize("version", ["0.11.0", "0.16.0", "0.34.0", "not-a-version"])
+def test_a_vllm_outside_the_range_is_refused_before_launch(
+    vllm_standin: str, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    monkeypatch.setenv("STANDIN_VLLM_VERSION", version)
+    with pytest.raises(VllmVersionError, match="outside the supported range|without a version") as err:
+        start_engine(EngineConfig(kind="vllm", port=0), tiny_model_dir, VllmOptions(executable=vllm_standin))
+    assert version in str(err.value) or "without a version" in str(err.value)
+
+
+@pytest.mark.parametrize("version", ["0.17.0", "0.17.1", "0.33.0"])
+def test_a_vllm_inside_the_range_passes(vllm_standin: str, monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    monkeypatch.setenv("STANDIN_VLLM_VERSION", version)
+    assert str(check_vllm_version(vllm_standin)) == version
 
 
 def _wait_for(condition: object, timeout: float) -> None:
@@ -63,39 +89,54 @@ def _wait_for(condition: object, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def test_launch_reload_and_restart_after_crash(fake_vllm: str, tiny_model_dir: Path, other_weights_dir: Path) -> None:
+def test_a_crash_restart_serves_the_weights_last_installed(
+    vllm_standin: str, tiny_model_dir: Path, other_weights_dir: Path
+) -> None:
     config = EngineConfig(kind="vllm", port=0, max_batch=2, max_context=64)
-    engine = start_engine(config, tiny_model_dir, VllmOptions(executable=fake_vllm), health_timeout=180, max_restarts=1)
+    engine = start_engine(
+        config, tiny_model_dir, VllmOptions(executable=vllm_standin), health_timeout=180, max_restarts=1
+    )
     try:
         client = engine.sync_client(timeout=120)
-        assert client.reload_method == EXTENSION_RELOAD_METHOD
         assert len(client.complete([5, 6, 7], max_tokens=2)[0].token_ids) == 2
-        assert client.update_weights(str(other_weights_dir))["results"][0]["weight_version"] == 1
+        client.update_weights(str(other_weights_dir))
+        updated = httpx.get(f"{engine.url}/standin/state").json()
+        assert updated["weights_path"] == str(other_weights_dir) == engine.installed()
+        greedy = client.complete([5, 6, 7], max_tokens=4, temperature=0)[0].token_ids
 
         supervisor = engine.supervisor
-        assert supervisor is not None and supervisor.state == "healthy"
+        assert supervisor is not None and supervisor.state == "healthy" and engine.epoch() == 0
         first_pid = supervisor.pid
         assert first_pid is not None
         os.killpg(first_pid, signal.SIGKILL)  # the crash
         _wait_for(lambda: supervisor.restarts == 1 and supervisor.state == "healthy", 180)
-        assert supervisor.pid != first_pid
-        assert len(client.complete([5, 6, 7], max_tokens=2)[0].token_ids) == 2
+        assert supervisor.pid != first_pid and engine.epoch() == 1
+        # Back on the update, not the base model: the version reported is the version served.
+        restarted = httpx.get(f"{engine.url}/standin/state").json()
+        assert restarted["params"] == updated["params"] and restarted["weights_path"] == str(other_weights_dir)
+        assert client.complete([5, 6, 7], max_tokens=4, temperature=0)[0].token_ids == greedy
+        assert client.model() == str(tiny_model_dir)  # the same served name
     finally:
         engine.stop()
     assert engine.supervisor is not None and engine.supervisor.state == "stopped"
     assert not engine.sync_client().healthy()
 
 
-def test_engine_that_cannot_start_reports_its_output(fake_vllm: str, tmp_path: Path) -> None:
-    plan = vllm_plan(EngineConfig(kind="vllm", port=0), tmp_path / "no-model", VllmOptions(executable=fake_vllm))
+def test_engine_that_cannot_start_reports_its_output(vllm_standin: str, tmp_path: Path) -> None:
     with pytest.raises(EngineStartError, match="no config.json"):
-        ManagedEngine.launch(plan, health_timeout=120)
+        start_engine(
+            EngineConfig(kind="vllm", port=0),
+            tmp_path / "no-model",
+            VllmOptions(executable=vllm_standin),
+            health_timeout=120,
+        )
 
 
 def test_external_engine_needs_a_url() -> None:
     with pytest.raises(ValueError, match="engine.url"):
         start_engine(EngineConfig(kind="external"))
-    assert start_engine(EngineConfig(kind="external", url="http://h:1/")).url == "http://h:1"
+    external = start_engine(EngineConfig(kind="external", url="http://h:1/"))
+    assert isinstance(external, ManagedEngine) and external.url == "http://h:1" and external.client().watch is None
 
 
 def test_embedded_plan_is_a_valid_legorl_serve_command_line() -> None:
@@ -104,4 +145,6 @@ def test_embedded_plan_is_a_valid_legorl_serve_command_line() -> None:
     args = build_parser().parse_args(plan.command[3:])
     assert (args.model, args.port, args.max_num_seqs, args.max_model_len) == ("/m", 8200, 6, 512)
     assert args.served_model_name == "policy" and args.return_tokens_as_token_ids
-    assert plan.url == "http://127.0.0.1:8200" and plan.reload_method == "reload_weights"
+    assert plan.url == "http://127.0.0.1:8200"
+    later = embedded_plan(EngineConfig(kind="embedded", port=8200), "/m", "/m", weights_dir="/w/v3")
+    assert build_parser().parse_args(later.command[3:]).model == "/w/v3"

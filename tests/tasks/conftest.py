@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rollout_server.sandbox import SandboxFactory
+from rollout_server.sandbox.factory import SandboxFactory
 from rollout_server.sandbox.images import ensure_base_image
 
 

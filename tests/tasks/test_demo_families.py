@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from legorl_jax.config import DemoVariantsConfig
+from legorl_jax.core.config import DemoVariantsConfig
 from rollout_server.demo_families import FAMILIES, demo_task_splits, generated_tasks, split_variants
-from rollout_server.sandbox import LocalSandbox, SandboxFactory, spec_for_task
-from rollout_server.sandbox.local import bwrap_path
+from rollout_server.sandbox.factory import SandboxFactory, spec_for_task
+from rollout_server.sandbox.local import LocalSandbox, bwrap_path
 from rollout_server.tasks import Task
 
 from .test_demo_tasks import run_trial

@@ -7,8 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rollout_server.sandbox import LocalSandbox, Sandbox, SandboxFactory, spec_for_task
-from rollout_server.sandbox.local import bwrap_path
+from rollout_server.sandbox.base import Sandbox
+from rollout_server.sandbox.factory import SandboxFactory, spec_for_task
+from rollout_server.sandbox.local import LocalSandbox, bwrap_path
 from rollout_server.sandbox.reaper import TRIAL_LABEL
 from rollout_server.tasks import Task, demo_tasks
 from rollout_server.verifier import Verdict, run_solution, verify

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from rollout_server.demo_families import FAMILIES, generated_tasks
-from rollout_server.sandbox import AGENT_USER, SandboxFactory, spec_for_task
+from rollout_server.sandbox.base import AGENT_USER
+from rollout_server.sandbox.factory import SandboxFactory, spec_for_task
 from rollout_server.tasks import Task, demo_tasks
 from rollout_server.verifier import Verdict, verify
 
@@ -49,7 +50,7 @@ def attacked(factory: SandboxFactory, task: Task, script: str) -> tuple[Verdict,
 def test_no_hostile_output_earns_a_reward_or_escapes_grading(docker_factory: SandboxFactory, task: Task) -> None:
     scripts = attacks(task)
     with ThreadPoolExecutor(max_workers=4) as pool:
-        outcomes = dict(zip(scripts, pool.map(lambda s: attacked(docker_factory, task, s), scripts.values())))
+        outcomes = dict(zip(scripts, pool.map(lambda s: attacked(docker_factory, task, s), scripts.values()), strict=True))
     for name, (verdict, output) in outcomes.items():
         assert DONE in output, (name, output[-500:])
         assert verdict.status in ("ok", "no_reward"), (name, verdict.reason, verdict.stderr[-500:])

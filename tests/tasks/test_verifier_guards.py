@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rollout_server.sandbox import AGENT_USER, LocalSandbox, Sandbox, SandboxFactory, spec_for_task
-from rollout_server.sandbox.local import bwrap_path
+from rollout_server.sandbox.base import AGENT_USER, Sandbox
+from rollout_server.sandbox.factory import SandboxFactory, spec_for_task
+from rollout_server.sandbox.local import LocalSandbox, bwrap_path
 from rollout_server.tasks import Task, demo_tasks, load_task
 from rollout_server.verifier import Verdict, verify
 
@@ -46,7 +47,8 @@ def image_task(tmp_path: Path, test_sh: str, verifier_timeout: float = 30.0) -> 
 
 def test_prewritten_reward_is_wiped(sandbox: Sandbox) -> None:
     assert sandbox.exec(
-        "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && echo '{\"reward\": 1}' > /logs/verifier/reward.json",
+        "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt"
+        " && echo '{\"reward\": 1}' > /logs/verifier/reward.json",
         timeout=10,
     ).ok
     verdict = verify(sandbox, EDIT)
@@ -63,7 +65,10 @@ def test_background_rewriter_is_killed(sandbox: Sandbox) -> None:
 
 
 def test_planted_tests_are_replaced(sandbox: Sandbox) -> None:
-    plant = "mkdir -p /tests && printf 'echo 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh && echo junk > /tests/check_config.py"
+    plant = (
+        "mkdir -p /tests && printf 'echo 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh"
+        " && echo junk > /tests/check_config.py"
+    )
     assert sandbox.exec(plant, timeout=10).ok
     verdict = verify(sandbox, EDIT)
     assert (verdict.status, verdict.reward) == ("ok", 0.0), verdict

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 from tiny import learner_config, random_sequences, rl_config, tiny_model
 
-from legorl_jax.config import CheckpointConfig, MeshConfig
+from legorl_jax.core.config import CheckpointConfig, MeshConfig
 from legorl_jax.train.checkpoint import Checkpointer
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
@@ -27,6 +28,7 @@ def _learner() -> Learner:
     return Learner(tiny_model(), rl_config(), learner_config(), learner_mesh(MeshConfig()))
 
 
+@pytest.mark.slow  # training runs in subprocesses, one killed and restored
 def test_kill_restore_continue_equals_uninterrupted(tmp_path: Path, worker_env: dict[str, str]) -> None:
     proc = subprocess.run(
         [sys.executable, str(WORKER), "die", "--dir", str(tmp_path / "ckpt"), "--steps", str(N)],

@@ -23,6 +23,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two jax.distributed processes, each compiling the step
 def test_two_processes_run_one_step(worker_env: dict[str, str]) -> None:
     port = _free_port()
     procs = [

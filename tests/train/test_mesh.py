@@ -15,6 +15,7 @@ import pytest
 WORKER = Path(__file__).with_name("workers.py")
 
 
+@pytest.mark.slow  # a subprocess compiling the step on eight virtual devices
 def test_sharded_step_matches_one_device(worker_env: dict[str, str]) -> None:
     env = {**worker_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     proc = subprocess.run(

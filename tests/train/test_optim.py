@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from legorl_jax.config import OptimizerConfig
+from legorl_jax.core.config import OptimizerConfig
 from legorl_jax.train.optim import build_optimizer, learning_rate_schedule
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tiny import VOCAB, learner_config, rl_config, tiny_model
 
-from legorl_jax.config import MeshConfig
+from legorl_jax.core.config import MeshConfig
 from legorl_jax.models import token_logprobs
 from legorl_jax.rl.batching import PackedStep, TrainSequence
 from legorl_jax.train.sharding import learner_mesh
@@ -81,13 +81,18 @@ def _train(mesh: jax.sharding.Mesh, share: bool, model_overrides: dict, **rl: ob
     }
 
 
+# A minute or more each on a laptop-class CPU: all but one are left to the full suite (`slow`).
 MODES = [
-    ({}, dict(loss="ppo_clip", aggregation="token_mean", kl_coef=0.05)),
-    ({"remat": "full"}, dict(loss="gspo", aggregation="seq_mean_token_mean")),
+    pytest.param({}, dict(loss="ppo_clip", aggregation="token_mean", kl_coef=0.05), marks=pytest.mark.slow),
+    pytest.param({"remat": "full"}, dict(loss="gspo", aggregation="seq_mean_token_mean"), marks=pytest.mark.slow),
     ({}, dict(loss="cispo", aggregation="constant", clip_low=1.0)),
     # The MoE router's balancing loss is a per-micro-batch statistic of computed tokens (like the
     # micro-batch split, packing changes it); the policy loss through the experts must not change.
-    ({**MOE, "router_aux_loss_coef": 0.0}, dict(loss="ppo_clip", aggregation="seq_mean_token_mean")),
+    pytest.param(
+        {**MOE, "router_aux_loss_coef": 0.0},
+        dict(loss="ppo_clip", aggregation="seq_mean_token_mean"),
+        marks=pytest.mark.slow,
+    ),
 ]
 
 

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from legorl_jax.config import LearnerConfig, OptimizerConfig, RLConfig
+from legorl_jax.core.config import LearnerConfig, OptimizerConfig, RLConfig
 from legorl_jax.models import CausalLM, ModelConfig, token_logprobs
 from legorl_jax.rl.batching import TrainSequence
 

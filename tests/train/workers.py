@@ -22,7 +22,7 @@ from jax.experimental.multihost_utils import process_allgather  # noqa: E402
 from jax.sharding import AxisType, Mesh  # noqa: E402
 from tiny import learner_config, random_sequences, rl_config, tiny_model  # noqa: E402
 
-from legorl_jax.config import CheckpointConfig, MeshConfig  # noqa: E402
+from legorl_jax.core.config import CheckpointConfig, MeshConfig  # noqa: E402
 from legorl_jax.models import MESH_AXES  # noqa: E402
 from legorl_jax.train.checkpoint import Checkpointer  # noqa: E402
 from legorl_jax.train.distributed import initialize_distributed  # noqa: E402

@@ -29,7 +29,9 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
+from transformers import AutoTokenizer
 
 from legorl_jax.view.app import create_app
 
@@ -46,7 +48,10 @@ WAIT_S = 20
 @pytest.fixture(scope="module")
 def trained_run(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("view-run")
-    done = subprocess.run(train_command(model_dir, out, steps=2), capture_output=True, text=True, timeout=900)
+    # The coin-flip task gives a group reward contrast half the time: with 8 rounds of sampling a step
+    # trains (and the trajectory test finds a trained sequence) but for 1 run in 256 per step.
+    command = train_command(model_dir, out, steps=2) + ["--set", "rl.max_sampling_rounds=8"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out / "e2e"
 
@@ -165,12 +170,28 @@ def test_rollout_filters(browser: WebDriver, run_dir: Path) -> None:
         assert console_errors(browser) == []
 
 
-def test_trajectory_shows_the_sampled_tokens_of_an_episode(browser: WebDriver, run_dir: Path) -> None:
+def point_at(driver: WebDriver, token: WebElement, away: WebElement) -> None:
+    """Hovers `token` so that a mouseover surely fires: the pointer first leaves for `away`,
+    and the token is scrolled to the middle of the viewport, clear of the sticky details bar."""
+    ActionChains(driver).move_to_element(away).perform()
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", token)
+    ActionChains(driver).move_to_element(token).perform()
+
+
+def test_trajectory_shows_the_sampled_tokens_of_an_episode(browser: WebDriver, run_dir: Path, model_dir: Path) -> None:
     logged = records(run_dir / "rollouts.jsonl")
     index = next(i for i, r in enumerate(logged) if r["kind"] == "train" and r["sequences"][0]["advantage"] is not None)
     seq = logged[index]["sequences"][0]
+    # The per-token record joins to the decoded sequence; span by span it joins to the decoded spans, except
+    # that a character the random model split over a span's end shows once, in the token completing it.
+    assert "".join(seq["pieces"]) == AutoTokenizer.from_pretrained(model_dir).decode(seq["ids"])
     sampled = "".join("".join(seq["pieces"][start:end]) for start, end in seq["spans"])
-    assert sampled == "".join(logged[index]["sampled"])  # the per-token record joins to the decoded spans
+    assert sampled.replace("\ufffd", "") == "".join(logged[index]["sampled"]).replace("\ufffd", "")
+    # The learner's logprob of every sampled token, beside the engine's (the run truncates nothing).
+    learner = seq["learner_logprobs"]
+    assert len(learner) == len(seq["logprobs"]) and all(isinstance(x, float) for x in learner)
+    gaps = [abs(a - b) for a, b in zip(learner, seq["logprobs"], strict=True)]
+    sampled_at = [i for start, end in seq["spans"] for i in range(start, end)]
     with serve(run_dir) as url:
         browser.get(url + "#/rollouts")
         link = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'a[href="#/t/{index}"]'), "no link")
@@ -179,19 +200,36 @@ def test_trajectory_shows_the_sampled_tokens_of_an_episode(browser: WebDriver, r
         tokens = browser.find_elements(By.CSS_SELECTOR, "#seq-0 .tok.sampled")
         assert "".join(t.get_attribute("textContent") for t in tokens) == sampled
         first = seq["spans"][0][0]
-        assert f"id {seq['ids'][first]}" in tokens[0].get_attribute("title")
-        assert f"behaviour logprob {seq['logprobs'][0]:.4f}" in tokens[0].get_attribute("title")
+        title = tokens[0].get_attribute("title")
+        assert f"id {seq['ids'][first]}" in title
+        assert f"behaviour logprob {seq['logprobs'][0]:.4f}" in title
+        assert f"learner logprob {learner[0]:.4f}" in title
+        assert f"learner − behaviour {learner[0] - seq['logprobs'][0]:+.4f}" in title
         header = text_of(browser, "#seq-0 h3")
         assert f"trained with advantage {seq['advantage']:.4f}" in header
+        assert f"|Δ| max {max(gaps):.4f}, mean {sum(gaps) / len(gaps):.4f} over {len(gaps)} tokens" in header
+        # Highlighted: exactly the tokens past the threshold the page's key states.
+        assert "differ by more than 0.5 nats" in text_of(browser, "#token-key")
+        marked = browser.execute_script(
+            "return [...document.querySelectorAll('#seq-0 .tok.disagree')].map(e => Number(e.dataset.i))"
+        )
+        assert marked == [i for i, gap in zip(sampled_at, gaps, strict=True) if gap > 0.5]
         summary = text_of(browser, "#trajectory-summary")
         assert logged[index]["task"] in summary and logged[index]["status"] in summary
         assert console_errors(browser) == []
-        ActionChains(browser).move_to_element(tokens[0]).perform()
-        wait(browser, lambda d: text_of(d, "#token-info") == tokens[0].get_attribute("title"), "hover shows no details")
+
+        away = browser.find_element(By.CSS_SELECTOR, "#seq-0 h3")
+        point_at(browser, tokens[0], away)
+        wait(browser, lambda d: text_of(d, "#token-info") == title, "hover shows no details")
+        last = tokens[-1]
+        last.click()  # a click (a touch screen's tap) shows a token's details too
+        wait(browser, lambda d: text_of(d, "#token-info") == last.get_attribute("title"), "click shows no details")
+        browser.execute_script("arguments[0].focus()", tokens[0])  # and keyboard focus
+        wait(browser, lambda d: text_of(d, "#token-info") == title, "focus shows no details")
         if shots := os.environ.get("LEGORL_SCREENSHOT_DIR"):
             for fold in browser.find_elements(By.CSS_SELECTOR, "details > summary"):
                 fold.click()  # the picture shows the prompt too
-            ActionChains(browser).move_to_element(tokens[0]).perform()
+            point_at(browser, tokens[0], away)
             Path(shots).mkdir(parents=True, exist_ok=True)
             browser.save_screenshot(str(Path(shots) / "viewer.png"))
 
@@ -251,23 +289,37 @@ def test_trajectory_marks_tool_calls_merges_forks_and_the_verifier(browser: WebD
          "\n<tool_response>", "ok", "</tool_response>\n", "done"],
         [[2, 5], [8, 9]], model_calls=2,
     )
-    forked = sequence(["<|im_start|>user\nagain", "<|im_end|>\n", "bye"], [[2, 3]], model_calls=1)
+    first["learner_logprobs"] = [-0.02, -1.01, None, -5.2]  # token 3 disagrees; token 4 has none (not trained)
+    # "" is a token that ends inside a character (the next token shows it): still there to hover or click.
+    forked = sequence(["<|im_start|>user\nagain", "<|im_end|>\n", "", "bye"], [[2, 4]], model_calls=1)
+    # As logging.rollout_tokens "train" or "none" writes an untrained sequence: spans and summary, no tokens.
+    untracked = {"spans": [[4, 6]], "advantage": None, "policy_version": 0, "side_call": True, "model_calls": 1}
     record = {
         "step": 1, "kind": "train", "task": "broken-tests", "harness": "lego", "status": "ok", "reward": 0.0,
         "error": "tests wrote no reward: reward.txt is a FIFO",
         "metrics": {"verifier_no_reward": True, "history_rewrites": 1},
-        "sampled": [], "sequences": [first, forked],
+        "sampled": ['<tool_call>{"name": "bash"}</tool_call>', "done", "bye", "a side answer"],
+        "sequences": [first, forked, untracked],
     }
     (tmp_path / "rollouts.jsonl").write_text(json.dumps(record) + "\n")
     with serve(tmp_path) as url:
         browser.get(url + "#/t/0")
-        wait(browser, lambda d: d.find_elements(By.ID, "seq-1"), "no second sequence")
+        wait(browser, lambda d: d.find_elements(By.ID, "seq-2"), "no third sequence")
         assert "verifier wrote no reward (graded 0): tests wrote no reward" in text_of(browser, "#verifier")
         assert "merged 2 model calls" in text_of(browser, "#seq-0 h3")
         assert "forked" in text_of(browser, "#seq-1 h3") and "forked" not in text_of(browser, "#seq-0 h3")
         assert texts_of(browser, "#seq-0 .tok.toolcall") == ["<tool_call>", '{"name": "bash"}', "</tool_call>"]
         assert texts_of(browser, "#seq-0 .tok.toolresult") == ["\n<tool_response>", "ok", "</tool_response>\n"]
         assert text_of(browser, "#seq-0 .tok.sampled.unlikely") == "done"  # the p < 0.1 token
+        assert texts_of(browser, "#seq-0 .tok.sampled.disagree") == ['{"name": "bash"}']  # |−1.01 − (−0.01)| > 0.5
+        assert "|Δ| max 1.0000, mean 0.4033 over 3 tokens" in text_of(browser, "#seq-0 h3")
+        assert "|Δ|" not in text_of(browser, "#seq-1 h3")  # no learner logprobs recorded
+        assert "not trained" in text_of(browser, "#seq-2 h3")
+        assert "No token record" in text_of(browser, "#seq-2") and "a side answer" in text_of(browser, "#seq-2")
+        split = browser.find_element(By.CSS_SELECTOR, '#seq-1 .tok[data-i="2"]')
+        split.click()
+        shown = 'token 2 · id 2 · ""'
+        wait(browser, lambda d: text_of(d, "#token-info").startswith(shown), "no details of an empty token")
         labels = texts_of(browser, "#seq-0 .segment .label")
         assert labels[1].startswith("model call 1") and labels[3].startswith("model call 2")
         assert console_errors(browser) == []

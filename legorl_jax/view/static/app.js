@@ -6,6 +6,9 @@
 const POLL_MS = 2000;
 // Sampled tokens below this probability are marked: where a trajectory took an unlikely turn.
 const UNLIKELY_LOGPROB = Math.log(0.1);
+// Sampled tokens whose learner logprob differs from the engine's by more than this (in nats) are marked:
+// where the two policies (or their numerics) disagree, importance ratios move far from 1.
+const DISAGREE_NATS = 0.5;
 const MAX_ROWS = 1000;
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
 
@@ -288,12 +291,33 @@ function tokenSpan(seq, i, offset, ranges, sampledIndex) {
       title += ` · behaviour logprob ${lp.toFixed(4)} (p=${Math.exp(lp).toFixed(3)})`;
       if (lp < UNLIKELY_LOGPROB) cls.push("unlikely");
     }
+    const learner = (seq.learner_logprobs || [])[sampledIndex];
+    if (typeof learner === "number") {
+      title += ` · learner logprob ${learner.toFixed(4)}`;
+      if (typeof lp === "number") {
+        const diff = learner - lp;
+        title += ` · learner − behaviour ${diff >= 0 ? "+" : ""}${diff.toFixed(4)}`;
+        if (Math.abs(diff) > DISAGREE_NATS) cls.push("disagree");
+      }
+    }
   }
-  return el("span", { class: cls.join(" "), title, "data-i": i }, piece);
+  // Sampled tokens take keyboard focus: focusing one shows its details like hovering does.
+  return el("span", { class: cls.join(" "), title, "data-i": i, tabindex: sampledIndex !== null ? "0" : null }, piece);
+}
+
+// |learner − behaviour| over the sampled tokens both logprobs are recorded for.
+function disagreement(seq) {
+  const learner = seq.learner_logprobs || [];
+  const diffs = (seq.logprobs || [])
+    .map((lp, j) => (typeof lp === "number" && typeof learner[j] === "number" ? Math.abs(learner[j] - lp) : null))
+    .filter((d) => d !== null);
+  if (!diffs.length) return null;
+  return { max: Math.max(...diffs), mean: diffs.reduce((a, b) => a + b, 0) / diffs.length, count: diffs.length };
 }
 
 // The sequence as alternating context (prompt, tool results) and sampled completions: one completion per model call.
-function renderSequence(seq, k, total) {
+// Without a token record (logging.rollout_tokens) it shows the completions' text, `texts`, one per span.
+function renderSequence(seq, k, total, texts) {
   const pieces = seq.pieces || [];
   const spans = seq.spans || [];
   const text = pieces.join("");
@@ -314,8 +338,16 @@ function renderSequence(seq, k, total) {
   else if (k > 0 && !seq.root_reason) notes.push("forked: a new sequence because the history did not extend the previous one");
   else if (seq.side_call) notes.push("side call");
   if (seq.recomputed_tokens > 0) notes.push(`${seq.recomputed_tokens} reused tokens trained with logprobs the engine recomputed`);
+  const gap = disagreement(seq);
+  if (gap) notes.push(`learner − behaviour logprob |Δ| max ${gap.max.toFixed(4)}, mean ${gap.mean.toFixed(4)} over ${gap.count} tokens`);
   const box = el("section", { class: "sequence", id: `seq-${k}` },
     el("h3", {}, `sequence ${k + 1} of ${total}`, el("span", { class: "note", text: notes.join(" · ") })));
+  if (!seq.pieces) {
+    box.append(el("div", { class: "segment untracked", text: "No token record for this sequence (logging.rollout_tokens); its sampled text:" }));
+    texts.forEach((text, call) => box.append(el("div", { class: "segment completion" },
+      el("div", { class: "label", text: `model call ${call + 1}` }), el("div", { class: "tokens", text }))));
+    return box;
+  }
   let pos = 0;
   let sampledIndex = 0;
   const segment = (start, end, sampled, label) => {
@@ -363,19 +395,22 @@ function renderTrajectory(main, t) {
     const what = m.verifier_no_reward ? "verifier wrote no reward (graded 0): " : "error: ";
     summary.append(el("div", { class: "verifier", id: "verifier" }, what + (t.error || "")));
   }
-  const key = el("p", { class: "key" },
+  const key = el("p", { class: "key", id: "token-key" },
     el("span", { class: "tok sampled", text: "sampled (trained)" }),
     el("span", { class: "tok sampled unlikely", text: "sampled with p < 0.1" }),
+    el("span", { class: "tok sampled disagree", text: `learner and behaviour logprob differ by more than ${DISAGREE_NATS} nats` }),
     el("span", { class: "tok toolcall", text: "tool call" }),
     el("span", { class: "tok toolresult", text: "tool result" }));
-  // One delegated listener: a token's details show in a bar that stays in view.
-  const info = el("div", { class: "token-info", id: "token-info", text: "hover a token for its position, id and behaviour logprob" });
-  main.onmouseover = (event) => {
-    if (event.target.classList && event.target.classList.contains("tok") && event.target.title) info.textContent = event.target.title;
-  };
+  const info = el("div", { class: "token-info", id: "token-info", text: "hover, click or focus a token for its position, id, and behaviour and learner logprobs" });
   const seqs = t.sequences || [];
+  const sampled = t.sampled || [];
+  let used = 0;  // `sampled` holds every sequence's span texts in order
   const body = seqs.length
-    ? seqs.map((s, k) => renderSequence(s, k, seqs.length))
+    ? seqs.map((s, k) => {
+      const texts = sampled.slice(used, used + (s.spans || []).length);
+      used += (s.spans || []).length;
+      return renderSequence(s, k, seqs.length, texts);
+    })
     : [el("div", { class: "empty", text: (t.sampled && t.sampled.length) ? "This run's log has sampled text only (written before token records): " + t.sampled.join(" ⏎ ") : "No token sequences recorded for this trajectory." })];
   main.replaceChildren(summary, key, ...body, info);
 }
@@ -386,7 +421,6 @@ async function render() {
   const main = document.getElementById("main");
   const { parts, params } = parseHash();
   const view = parts[0] || "curves";
-  main.onmouseover = null;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.id === `nav-${view === "t" ? "rollouts" : view}`);
   if (view === "t") {
     const index = Number(parts[1]);
@@ -436,6 +470,15 @@ async function poll() {
     document.getElementById("live").textContent = `viewer unreachable (${err.message}); retrying`;
   }
 }
+
+// A token's details show in the trajectory's bar that stays in view: on hover, on click (touch) and on
+// keyboard focus. Listeners on <main> (installed once) outlive the re-renders of its content.
+function showTokenInfo(event) {
+  const info = document.getElementById("token-info");
+  const tok = event.target.closest && event.target.closest(".tok");
+  if (info && tok && tok.title) info.textContent = tok.title;
+}
+for (const type of ["mouseover", "click", "focusin"]) document.getElementById("main").addEventListener(type, showTokenInfo);
 
 window.addEventListener("hashchange", () => {
   render().catch((err) => { document.getElementById("main").replaceChildren(el("div", { class: "empty", text: `could not load: ${err.message}` })); });

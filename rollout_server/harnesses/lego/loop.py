@@ -11,7 +11,7 @@ from rollout_server.sandbox.base import Sandbox
 
 from ..base import HarnessContext, HarnessStatus
 from .context import Message, head_length, history_chars, restart_from_summary, window
-from .model_client import ChatModel, Completion, ModelCallError, ToolCall
+from .model_client import ChatModel, ModelCallError, ModelReply, ModelToolCall
 from .observation import format_observation
 from .options import LegoOptions, config_id
 from .prompts import PLAN_GO, PLAN_REQUEST, SUMMARY_REQUEST, system_prompt
@@ -92,7 +92,7 @@ class _Episode:
                     return "submitted", summary or completion.content
         return "turn_budget", self.last_content
 
-    async def _next(self) -> Completion:
+    async def _next(self) -> ModelReply:
         if self._over_budget():
             await self._compact()
         try:
@@ -122,7 +122,7 @@ class _Episode:
         self.messages = restart_from_summary(self.messages, summary.content)
         self.compactions += 1
 
-    async def _handle(self, call: ToolCall) -> str | None:
+    async def _handle(self, call: ModelToolCall) -> str | None:
         """Run one tool call and append its result; the submit summary when the call ends the episode."""
         self.tool_calls += 1
         try:
@@ -143,7 +143,7 @@ class _Episode:
         self._tool_result(call, text)
         return None
 
-    def _tool_result(self, call: ToolCall, text: str) -> None:
+    def _tool_result(self, call: ModelToolCall, text: str) -> None:
         self.messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
 
 

@@ -25,16 +25,16 @@ class ModelCallError(Exception):
 
 
 @dataclass(frozen=True)
-class ToolCall:
+class ModelToolCall:
     id: str
     name: str
     arguments: str  # as the model wrote it: possibly not JSON, which the loop reports back
 
 
 @dataclass(frozen=True)
-class Completion:
+class ModelReply:
     content: str
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ModelToolCall] = field(default_factory=list)
     finish_reason: str | None = None
 
     def as_message(self) -> dict[str, Any]:
@@ -61,16 +61,16 @@ def classify_api_error(exc: openai.OpenAIError) -> ModelCallError:
     return ModelCallError("proxy_error", f"unusable proxy answer: {exc}")
 
 
-def _completion(raw: ChatCompletion) -> Completion:
+def _completion(raw: ChatCompletion) -> ModelReply:
     if not raw.choices:
         raise ModelCallError("proxy_error", "proxy answer has no choices")
     choice = raw.choices[0]
     calls = [
-        ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "")
+        ModelToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "")
         for c in choice.message.tool_calls or []
         if c.type == "function"
     ]
-    return Completion(content=choice.message.content or "", tool_calls=calls, finish_reason=choice.finish_reason)
+    return ModelReply(content=choice.message.content or "", tool_calls=calls, finish_reason=choice.finish_reason)
 
 
 class ChatModel:
@@ -91,7 +91,7 @@ class ChatModel:
             base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries
         )
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Completion:
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> ModelReply:
         self.calls += 1
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:

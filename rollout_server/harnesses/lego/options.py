@@ -103,7 +103,7 @@ def sample_configs(k: int, rng: random.Random, base: LegoOptions | None = None) 
             row = rows[i] = rng.choice(unused)
         seen.add(row)
     knobs = (base or LegoOptions()).model_dump(exclude=set(AXIS_NAMES))
-    return [LegoOptions(**knobs, **dict(zip(space, row))) for row in rows]
+    return [LegoOptions.model_validate({**knobs, **dict(zip(space, row, strict=True))}) for row in rows]
 
 
 def _balanced_column(options: tuple[str, ...], k: int, rng: random.Random) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from rollout_server.proxy.conversation import ChatRequest
 from rollout_server.proxy.errors import ProxyError
 from rollout_server.proxy.parsed_items import ItemMemo
-from rollout_server.proxy.service import TurnResult
+from rollout_server.proxy.turn import TurnResult
 
 
 class Dialect(Protocol):

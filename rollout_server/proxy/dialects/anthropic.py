@@ -22,7 +22,7 @@ from rollout_server.proxy.dialects.common import (
 )
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
 from rollout_server.proxy.parsed_items import ItemMemo, parse_items
-from rollout_server.proxy.service import TurnResult
+from rollout_server.proxy.turn import TurnResult
 
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -86,10 +86,9 @@ def _assistant(content: Any, where: str) -> Message:
     for j, block in enumerate(_blocks(content, where)):
         kind = block.get("type")
         if kind == "tool_use":
-            name, args, call_id = block.get("name"), block.get("input", {}), block.get("id")
-            expect_type(name, str, f"{where}[{j}].name")
-            expect_type(call_id, str, f"{where}[{j}].id")
-            expect_type(args, dict, f"{where}[{j}].input")
+            name = expect_type(block.get("name"), str, f"{where}[{j}].name")
+            call_id = expect_type(block.get("id"), str, f"{where}[{j}].id")
+            args = expect_type(block.get("input", {}), dict, f"{where}[{j}].input")
             message.tool_calls.append(ToolCall(call_id, name, args))
         elif kind == "thinking":
             thought = block.get("thinking", "")

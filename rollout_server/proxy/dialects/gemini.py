@@ -21,7 +21,7 @@ from rollout_server.proxy.dialects.common import (
 )
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
 from rollout_server.proxy.parsed_items import ItemMemo, parse_items
-from rollout_server.proxy.service import TurnResult
+from rollout_server.proxy.turn import TurnResult
 
 _STATUS = {
     "invalid_request": "INVALID_ARGUMENT",

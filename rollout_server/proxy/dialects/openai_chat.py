@@ -20,7 +20,7 @@ from rollout_server.proxy.dialects.common import (
 )
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
 from rollout_server.proxy.parsed_items import ItemMemo, parse_items
-from rollout_server.proxy.service import TurnResult
+from rollout_server.proxy.turn import TurnResult
 
 _ERROR_CODES = {
     "invalid_request": ("invalid_request_error", None),
@@ -83,8 +83,7 @@ def _tools(raw: Any) -> list[ToolSpec]:
     for at, tool in each_object(raw, "tools"):
         if tool.get("type", "function") != "function":
             raise invalid(f"{at}.type: only function tools are supported, got {tool.get('type')!r}")
-        fn = tool.get("function")
-        expect_type(fn, dict, f"{at}.function")
+        fn = expect_type(tool.get("function"), dict, f"{at}.function")
         specs.append(tool_spec(fn.get("name"), fn.get("description"), fn.get("parameters"), f"{at}.function"))
     return specs
 

@@ -18,7 +18,7 @@ from rollout_server.proxy.dialects.common import each_object, model_name, new_id
 from rollout_server.proxy.dialects.openai_chat import openai_error
 from rollout_server.proxy.errors import ProxyError, expect_type, invalid
 from rollout_server.proxy.parsed_items import ItemMemo
-from rollout_server.proxy.service import TurnResult
+from rollout_server.proxy.turn import TurnResult
 
 # Provider-side items and tools: nothing for the model here to see or call.
 _SKIPPED_ITEMS = ("web_search_call", "item_reference", "image_generation_call")
@@ -195,9 +195,13 @@ def _item_events(index: int, item: dict[str, Any]) -> Iterator[tuple[str, dict[s
 
 
 def _empty(item: dict[str, Any]) -> dict[str, Any]:
-    blank = {"message": {"content": []}, "function_call": {"arguments": ""}, "custom_tool_call": {"input": ""},
-             "reasoning": {"summary": []}}[item["type"]]
-    return {**item, **blank, **({"status": "in_progress"} if "status" in item else {})}
+    blanks: dict[str, dict[str, Any]] = {
+        "message": {"content": []},
+        "function_call": {"arguments": ""},
+        "custom_tool_call": {"input": ""},
+        "reasoning": {"summary": []},
+    }
+    return {**item, **blanks[item["type"]], **({"status": "in_progress"} if "status" in item else {})}
 
 
 class Responses:

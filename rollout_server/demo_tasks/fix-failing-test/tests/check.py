@@ -47,5 +47,5 @@ def observed(path):
 
 
 seen = observed(sys.argv[1])
-passed = 0 if seen is None else sum(matches(s, expected(n, a)) for s, (n, a) in zip(seen, CASES))
+passed = 0 if seen is None else sum(matches(s, expected(n, a)) for s, (n, a) in zip(seen, CASES, strict=False))
 print(json.dumps({"reward": 1.0 if passed == len(CASES) else 0.0, "cases_passed": passed}))

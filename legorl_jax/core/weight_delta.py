@@ -31,7 +31,7 @@ import numpy as np
 MAGIC = b"LGRDELT1"
 _SUM = hashlib.sha256().digest_size
 _LEVEL = 1  # zlib's fastest: the gaps are mostly small and repeat, higher levels gained little here
-_THREADS = 8  # zlib and hashlib release the GIL on large buffers (SHA-256 ran 2x faster than BLAKE2b here)
+_THREADS = 8  # zlib and hashlib release the GIL on large buffers (SHA-256 ran faster than BLAKE2b here)
 
 
 class DeltaError(ValueError):

@@ -24,17 +24,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from legorl_jax.config import SamplingConfig
+from legorl_jax.core.config import SamplingConfig
 from legorl_jax.serve.server import BackgroundServer
-from rollout_server.harnesses import HarnessContext, get_harness
-from rollout_server.harnesses.lego import LegoOptions, LegoResult, config_id
+from rollout_server.harnesses import HarnessContext
+from rollout_server.harnesses.lego import Lego, LegoOptions, LegoResult, config_id
 from rollout_server.harnesses.lego.tools import SUBMIT, TOOL_SETS
 from rollout_server.proxy.app import build_app
-from rollout_server.proxy.engine_client import EngineCompletion, SamplingParams
+from rollout_server.proxy.engine_client import CompletionParams, EngineCompletion
 from rollout_server.proxy.render import ChatTemplate
 from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import SessionSpec, SessionStore
-from rollout_server.sandbox import LocalSandbox, SandboxError, spec_for_task
+from rollout_server.sandbox.base import SandboxError
+from rollout_server.sandbox.factory import spec_for_task
+from rollout_server.sandbox.local import LocalSandbox
 from rollout_server.tasks import Task
 from rollout_server.verifier import Verdict, verify
 
@@ -119,7 +121,7 @@ class SolutionOracle:
     def done(self) -> bool:
         return not self._pending
 
-    async def complete(self, prompt_ids: list[int], sampling: SamplingParams) -> EngineCompletion:
+    async def complete(self, prompt_ids: list[int], sampling: CompletionParams) -> EngineCompletion:
         if not self._pending:
             # The harness asked for more than the plan holds: answer with the end of turn, and report it.
             self.unanswered += 1
@@ -170,8 +172,7 @@ class _Recorder:
                 session_url=f"{proxy_url}/s/{session.key}", api_key=session.key, model=_MODEL_NAME,
                 instruction=task.instruction, workdir=self.workdir,
             )
-            lego = get_harness("lego")
-            result = await lego.run(sandbox, ctx, options, deadline_s=task.config.agent.timeout_sec)
+            result = await Lego().run(sandbox, ctx, options, deadline_s=task.config.agent.timeout_sec)
             verdict = await asyncio.to_thread(verify, sandbox, task)
         finally:
             await asyncio.to_thread(sandbox.stop)

@@ -25,23 +25,32 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-_DTYPES: dict[str, np.dtype] = {
-    "F64": np.dtype(np.float64),
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16),
-    "I8": np.dtype(np.int8),
-    "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
+# The format's dtype names -> numpy dtypes; ml_dtypes supplies the ones numpy lacks.
+SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(dtype)
+    for name, dtype in {
+        "F64": np.float64,
+        "F32": np.float32,
+        "F16": np.float16,
+        "BF16": ml_dtypes.bfloat16,
+        "F8_E4M3": ml_dtypes.float8_e4m3fn,
+        "F8_E5M2": ml_dtypes.float8_e5m2,
+        "I64": np.int64,
+        "I32": np.int32,
+        "I16": np.int16,
+        "I8": np.int8,
+        "U64": np.uint64,
+        "U32": np.uint32,
+        "U16": np.uint16,
+        "U8": np.uint8,
+        "BOOL": np.bool_,
+    }.items()
 }
-_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 _MAX_HEADER = 100 * 2**20  # the format's own limit on the JSON header
 # The header is padded with spaces (as the library pads to 8 bytes) so that tensor data
 # starts on a page boundary: copies between page cache and buffers then run whole pages
-# (writes measured 10% faster than with the library's 8-byte alignment; scripts/bench_hf_io.py).
+# (writes measured faster than with the library's 8-byte alignment; scripts/bench_hf_io.py).
 _DATA_ALIGN = 4096
 _CHUNK = 16 * 2**20  # contiguous reads are split so that one large tensor also keeps several reads in flight
 _READERS = min(8, os.cpu_count() or 1)  # reads in flight; more than the cores measured slower here
@@ -78,11 +87,14 @@ class SafetensorsFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._entries[name]["shape"])
 
+    def dtype(self, name: str) -> np.dtype:
+        return self._entry(name)[0]
+
     def _entry(self, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
         entry = self._entries[name]
-        if entry["dtype"] not in _DTYPES:
+        if entry["dtype"] not in SAFETENSORS_DTYPES:
             raise SafetensorsFileError(f"{self.path}: {name} has unsupported dtype {entry['dtype']}")
-        dtype, shape = _DTYPES[entry["dtype"]], tuple(entry["shape"])
+        dtype, shape = SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"])
         start, end = entry["data_offsets"]
         if end - start != dtype.itemsize * int(np.prod(shape)) or self._data_start + end > self._file_size:
             raise SafetensorsFileError(f"{self.path}: {name} has inconsistent data offsets")
@@ -116,7 +128,7 @@ class SafetensorsFile:
         row_bytes = dtype.itemsize * int(np.prod(shape[1:]))
         first = bounds[0][0] if shape else 0
         buf = out if out.dtype == dtype else np.empty(out.shape, dtype)
-        view = memoryview(buf.reshape(-1).view(np.uint8))
+        view = buf.reshape(-1).view(np.uint8).data
         if len(view) != buf.nbytes:
             raise ValueError(f"{name}: the destination must be C-contiguous")
         fd = os.open(self.path, os.O_RDONLY)

@@ -22,8 +22,8 @@ import optax
 from flax import nnx
 from pydantic import BaseModel, ConfigDict, Field
 
+from legorl_jax.demo.demonstrations import Demonstration
 from legorl_jax.models import CausalLM, token_logprobs
-from legorl_jax.train.demonstrations import Demonstration
 
 _LENGTH_QUANTUM = 128
 _EVAL_ROWS = 4  # rows per evaluation call; the accuracy pass holds their full logits
@@ -208,7 +208,7 @@ def train_sft(
     result = SFTResult(steps=0)
     order: list[int] = []
     for step in range(1, config.max_steps + 1):
-        picked = []
+        picked: list[int] = []
         while len(picked) < config.batch_size:
             if not order:
                 order = list(rng.permutation(len(data.tokens)))

@@ -33,20 +33,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from legorl_jax.build_once import build_once
-from legorl_jax.config import DEFAULT_CONFIG, Config, load_config
+from legorl_jax.core.build_once import build_once
+from legorl_jax.core.config import DEFAULT_CONFIG, Config, load_config
+from legorl_jax.demo import demonstrations, sft
+from legorl_jax.demo.demonstrations import Demonstration, record_demonstrations
+from legorl_jax.demo.sft import SFTConfig, evaluate, prepare, train_sft
 from legorl_jax.models import demo_assets, from_hf, to_hf
 from legorl_jax.models import tokenizer as demo_tokenizer
 from legorl_jax.models.demo_assets import build_tiny_hf_model
 from legorl_jax.models.tokenizer import ENDOFTEXT, build_demo_tokenizer
-from legorl_jax.train import demonstrations, sft
-from legorl_jax.train.demonstrations import Demonstration, record_demonstrations
-from legorl_jax.train.sft import SFTConfig, evaluate, prepare, train_sft
+from rollout_server.demo_families import demo_task_splits
 from rollout_server.harnesses import lego
 from rollout_server.harnesses.lego import LegoOptions
 from rollout_server.proxy import render as proxy_render
 from rollout_server.proxy import trajectory as proxy_trajectory
-from rollout_server.demo_families import demo_task_splits
 from rollout_server.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,13 @@ def _demonstration_text(tokenizer_dir: Path, demos: Sequence[Demonstration]) -> 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    return [tokenizer.decode(list(ids)) for demo in demos for ids, _ in demo.sequences]
+    texts = []
+    for demo in demos:
+        for ids, _ in demo.sequences:
+            text = tokenizer.decode(list(ids))
+            assert isinstance(text, str)  # one sequence in, one text out (decode is typed for batches too)
+            texts.append(text)
+    return texts
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from legorl_jax.config import ConfigError, GrpcSecurityConfig
+from legorl_jax.core.config import ConfigError, GrpcSecurityConfig
 
 log = logging.getLogger(__name__)
 

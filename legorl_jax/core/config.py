@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "demo.yaml"
 
@@ -21,7 +22,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ModelConfig(Strict):
+class ModelRunConfig(Strict):
     """The policy network."""
 
     path: str | None = Field(
@@ -146,16 +147,58 @@ class EngineConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     max_batch: int = Field(32, gt=0, description="Sequences decoded together (continuous batching).")
-    max_context: int = Field(4096, gt=0)
+    max_context: int = Field(
+        4096, gt=0, description="Context (prompt + completion) a launched engine serves (--max-model-len). With "
+        "kind external the engine's own /v1/models max_model_len is used instead.",
+    )
+    startup_timeout_s: float = Field(
+        900.0, gt=0, description="How long the rollout server waits for the engine's /health and /v1/models "
+        "(a launched engine loading its weights, each time it starts, or an external one not up yet) before it "
+        "gives up.",
+    )
     extra_args: list[str] = Field([], description="Extra arguments for `vllm serve`.")
+    # The embedded engine's options (`legorl serve --help`); vLLM takes its own in extra_args.
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Embedded: weights and compute dtype.")
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Embedded: K/V storage dtype (auto: the compute dtype)."
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        None, gt=0, description="Embedded: bytes of the KV-cache pool; requests beyond it wait (None: the engine's "
+        "default, the weights' size, 512 MiB or one max_context sequence, whichever is most).",
+    )
+    max_chunk: int = Field(512, gt=0, description="Embedded: largest prefill chunk (tokens) per engine step.")
+
+    @model_validator(mode="after")
+    def _embedded_options(self) -> EngineConfig:
+        # Set for another kind they would be dropped without a word; say where they go instead. Compared
+        # with the defaults, not with the fields given, so that a dumped config loads again.
+        embedded_only = ("dtype", "kv_cache_dtype", "kv_cache_memory_bytes", "max_chunk")
+        fields = type(self).model_fields
+        stray = [n for n in embedded_only if getattr(self, n) != fields[n].default] if self.kind != "embedded" else []
+        if stray:
+            raise ValueError(
+                f"{', '.join(stray)}: options of the embedded engine, not of kind {self.kind!r} "
+                "(vllm: pass its own flags in engine.extra_args; external: set them where that engine is started)"
+            )
+        return self
 
 
-class ProxyConfig(Strict):
+class SessionCaps(Strict):
+    """Limits of one proxy session. A session may set its own (admin API);
+    the proxy config's are every other session's."""
+
+    max_model_calls: int = Field(
+        50, gt=0, description="Model calls (engine calls started) before the session refuses more."
+    )
+    max_total_tokens: int = Field(65536, gt=0, description="Cap on the assembled sequences' total length.")
+    max_wall_s: float = Field(1800.0, gt=0, description="Seconds from creation after which calls are refused.")
+
+
+class ProxyConfig(SessionCaps):
+    """The token-capture proxy; its session caps are every session's default."""
+
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
-    max_model_calls: int = Field(50, gt=0, description="Per-session model-call cap.")
-    max_total_tokens: int = Field(65536, gt=0, description="Per-session token cap.")
-    max_wall_s: float = Field(1800.0, gt=0)
     keepalive_s: float = Field(15.0, gt=0, description="SSE keep-alive comment interval.")
     tool_call_format: Literal["hermes", "qwen3_coder", "llama3_json"] = Field(
         "hermes", description="How the model writes tool calls, named after the vLLM tool parser that reads them."
@@ -163,6 +206,9 @@ class ProxyConfig(Strict):
     chat_template: str | None = Field(
         None, description="A Jinja chat template file used instead of the tokenizer's (one that renders tools, say)."
     )
+
+    def session_caps(self) -> SessionCaps:
+        return SessionCaps.model_validate(self.model_dump(include=set(SessionCaps.model_fields)))
 
 
 class HarnessToolsConfig(Strict):
@@ -314,12 +360,17 @@ class LoggingConfig(Strict):
     run_name: str = "demo"
     tensorboard: bool = True
     progress: bool = Field(True, description="Show progress bars on long work.")
+    rollout_tokens: Literal["all", "train", "none"] = Field(
+        "all",
+        description="Token records in rollouts.jsonl (ids, token texts, behaviour and learner logprobs): "
+        "for every sequence, only for the sequences the learner trained on, or for none (sampled text only).",
+    )
 
 
 class Config(Strict):
     seed: int = 0
     total_steps: int = Field(100, gt=0)
-    model: ModelConfig = ModelConfig()
+    model: ModelRunConfig = ModelRunConfig()
     rl: RLConfig = RLConfig()
     learner: LearnerConfig = LearnerConfig()
     engine: EngineConfig = EngineConfig()
@@ -371,7 +422,7 @@ def _apply(data: dict[str, Any], path: list[str], value: Any, origin: str) -> No
     node[path[-1]] = value
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: ErrorDetails) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         return "unknown field"

@@ -1,0 +1,39 @@
+"""Evaluation: one trial of each task per harness configuration at the policy
+the fleet serves, reduced to pass rates and mean reward. The training loop
+runs it every `tasks.eval_every` steps; `legorl eval` runs it once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from legorl_jax.core.config import Config
+from legorl_jax.fleet import Fleet
+from legorl_jax.train.assemble import rollout_metrics
+from legorl_jax.train.groups import HarnessChoice, group_spec
+from legorl_jax.train.rollout_log import RolloutLog
+
+
+async def evaluate(
+    fleet: Fleet,
+    config: Config,
+    task_ids: list[str],
+    choices: list[HarnessChoice],
+    *,
+    policy_version: int,
+    step: int,
+    rollouts: RolloutLog | None = None,
+) -> dict[str, float]:
+    """`eval_pass_rate`, `eval_reward` and one `eval_pass_rate/<harness config>`
+    each; the trajectories go to `rollouts` (as step `step`) when given."""
+    specs = [
+        group_spec(config, task, choice, 1, policy_version=policy_version, step=step)
+        for task in task_ids
+        for choice in choices
+    ]
+    groups = [g async for g in fleet.rollout(specs)]
+    metrics = rollout_metrics(groups)
+    if rollouts is not None:
+        await asyncio.to_thread(rollouts.write, step, "eval", [t for g in groups for t in g.trajectories])
+    out = {"eval_pass_rate": metrics.get("pass_rate", 0.0), "eval_reward": metrics.get("reward/mean", 0.0)}
+    out.update({f"eval_{k}": v for k, v in metrics.items() if k.startswith("pass_rate/")})
+    return out
