@@ -17,7 +17,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "config": ("legorl_jax.commands.config_cmd", "show the resolved run config or its JSON schema"),
     "serve": ("legorl_jax.commands.serve_cmd", "run the embedded JAX inference engine (vLLM-compatible HTTP)"),
     "proxy": ("legorl_jax.commands.proxy_cmd", "run the token-capture proxy in front of an engine, with an admin API"),
-    "rollout-server": ("legorl_jax.commands.rollout_server_cmd", "run a rollout host: engine, proxy, sandboxes, gRPC service"),
+    "rollout-server": (
+        "legorl_jax.commands.rollout_server_cmd",
+        "run a rollout host: engine, proxy, sandboxes, gRPC service",
+    ),
     "convert": ("legorl_jax.commands.convert_cmd", "convert a model between HF checkpoint directories and Orbax"),
 }
 

@@ -231,7 +231,10 @@ class Fleet:
                 server.alive = False
                 log.warning(
                     "server %s lost mid-group %s (%s); %d trials owed",
-                    server.address, group_id, exc.code().name, spec.group_size - len(received),
+                    server.address,
+                    group_id,
+                    exc.code().name,
+                    spec.group_size - len(received),
                 )
                 reissues += 1
                 if reissues > self._max_retries:

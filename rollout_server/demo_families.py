@@ -329,9 +329,9 @@ def generated_tasks(
     cache_root: Path | None = None,
 ) -> list[Task]:
     """The `split` variants of the given families, written as Harbor tasks and loaded."""
-    variants = split_variants(
-        families, train_per_family=train_per_family, eval_per_family=eval_per_family, seed=seed
-    )[split]
+    variants = split_variants(families, train_per_family=train_per_family, eval_per_family=eval_per_family, seed=seed)[
+        split
+    ]
     if not variants:
         return []
     return load_tasks([_write(variants, cache_root or default_cache_root())])
@@ -341,8 +341,11 @@ def demo_task_splits(spec: DemoVariantsConfig) -> dict[Split, list[Task]]:
     """The configured demo variants, by split."""
     return {
         split: generated_tasks(
-            split, spec.families, train_per_family=spec.train_per_family,
-            eval_per_family=spec.eval_per_family, seed=spec.seed,
+            split,
+            spec.families,
+            train_per_family=spec.train_per_family,
+            eval_per_family=spec.eval_per_family,
+            seed=spec.seed,
         )
         for split in ("train", "eval")
     }

@@ -96,13 +96,19 @@ async def served_model_and_context(engine: EngineClient, cfg: EngineConfig) -> t
         await engine.wait_healthy(timeout=cfg.startup_timeout_s)
     except EngineError as exc:
         raise EngineError(
-            0, f"the engine (engine.kind {cfg.kind}) at {engine.base_url} was not healthy within "
-            f"engine.startup_timeout_s={cfg.startup_timeout_s:g} s: start it, or give it longer", "Timeout",
+            0,
+            f"the engine (engine.kind {cfg.kind}) at {engine.base_url} was not healthy within "
+            f"engine.startup_timeout_s={cfg.startup_timeout_s:g} s: start it, or give it longer",
+            "Timeout",
         ) from exc
     served, context = await engine.model(), await engine.served_context()
     if context != cfg.max_context:
-        log.info("engine %s serves a context of %d tokens (engine.max_context, %d, applies to launched engines)",
-                 engine.base_url, context, cfg.max_context)
+        log.info(
+            "engine %s serves a context of %d tokens (engine.max_context, %d, applies to launched engines)",
+            engine.base_url,
+            context,
+            cfg.max_context,
+        )
     return served, context
 
 
@@ -149,7 +155,10 @@ class RolloutServer:
         loopback = _bind(cfg.proxy.host, cfg.proxy.port)
         proxy_port = loopback.getsockname()[1]
         self._factory = await asyncio.to_thread(
-            SandboxFactory, cfg.sandbox.kind, cfg.sandbox.network, proxy_port=proxy_port,
+            SandboxFactory,
+            cfg.sandbox.kind,
+            cfg.sandbox.network,
+            proxy_port=proxy_port,
             allow_local_fallback=cfg.sandbox.allow_local_fallback,
             unenforceable_storage=cfg.sandbox.unenforceable_storage,
         )
@@ -158,7 +167,11 @@ class RolloutServer:
             sockets.append(_bind(self._factory.network.gateway, proxy_port))
 
         core = build_core(
-            self.model_dir, self.engine.url, served_model=served, max_context=context, config=cfg.proxy,
+            self.model_dir,
+            self.engine.url,
+            served_model=served,
+            max_context=context,
+            config=cfg.proxy,
             unit_temperature_prompt_logprobs=self.engine.unit_temperature_prompt_logprobs,
         )
         self._clients.append(core.engine)
@@ -169,7 +182,12 @@ class RolloutServer:
         self._proxy_task = asyncio.create_task(self._proxy.serve(sockets=sockets))
 
         host = TrialHost(
-            self._factory, core.store, proxy_port, served, policy_version=0, engine_healthy=engine.healthy,
+            self._factory,
+            core.store,
+            proxy_port,
+            served,
+            policy_version=0,
+            engine_healthy=engine.healthy,
             engine_epoch=self.engine.epoch,
             harness_tools=self._tools,
         )
@@ -184,7 +202,12 @@ class RolloutServer:
         )
         self._weights_dir = tempfile.TemporaryDirectory(prefix="legorl-weights-")
         self.service = RolloutService(
-            host, engine, tasks, Path(self._weights_dir.name), limits, task_roots=task_roots(cfg),
+            host,
+            engine,
+            tasks,
+            Path(self._weights_dir.name),
+            limits,
+            task_roots=task_roots(cfg),
             # A relayed weight stream goes to another server of the fleet, which wants the fleet's token and TLS.
             relay_security=client_security(cfg.fleet.security),
         )
@@ -203,7 +226,13 @@ class RolloutServer:
         self.address = f"{self.address.rsplit(':', 1)[0]}:{port}"
         log.info(
             "rollout server on %s (%s): engine %s (%s), proxy port %d, %s sandboxes, %d tasks",
-            self.address, security.describe(), self.engine.url, served, proxy_port, self._factory.kind, len(tasks),
+            self.address,
+            security.describe(),
+            self.engine.url,
+            served,
+            proxy_port,
+            self._factory.kind,
+            len(tasks),
         )
         return self.address
 

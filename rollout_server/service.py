@@ -355,8 +355,12 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
     def _ended(spec: TrialSpec, status: pb.TrialStatus, error: str) -> pb.Trajectory:
         """An ungraded trajectory for a trial that never produced its own."""
         return pb.Trajectory(
-            task_id=spec.task.name, harness=spec.harness, sampling=spec.sampling, labels=spec.labels,
-            status=status, error=error,
+            task_id=spec.task.name,
+            harness=spec.harness,
+            sampling=spec.sampling,
+            labels=spec.labels,
+            status=status,
+            error=error,
         )
 
     # ------------------------------------------------------------- Weights --

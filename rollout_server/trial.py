@@ -259,8 +259,11 @@ def _write_file(sandbox: Sandbox, path: str, content: str, mode: int) -> None:
         if not parent.ok:
             raise SandboxError(f"could not create the directory of {path}: {parent.stderr.strip()}")
         sandbox.copy_in(local, path)
-    fix = sandbox.exec(["sh", "-c", 'chown "$1" "$2" && chmod "$3" "$2"', "sh", AGENT_USER, path, f"{mode:o}"],
-                       timeout=30, user=ROOT_USER)
+    fix = sandbox.exec(
+        ["sh", "-c", 'chown "$1" "$2" && chmod "$3" "$2"', "sh", AGENT_USER, path, f"{mode:o}"],
+        timeout=30,
+        user=ROOT_USER,
+    )
     if not fix.ok:
         raise SandboxError(f"could not hand {path} to {AGENT_USER}: {fix.stderr.strip()}")
 

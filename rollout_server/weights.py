@@ -194,8 +194,10 @@ class _Assembly:
         if self.total_size is not None and self.total_size > free:
             raise WeightTransferError(f"index says {self.total_size} bytes in total; only {free} bytes free on disk")
         self.budget = free if self.total_size is None else self.total_size
-        self.budget_is = f"the {free} bytes free on disk" if self.total_size is None else (
-            f"the index's {self.total_size} bytes in total"
+        self.budget_is = (
+            f"the {free} bytes free on disk"
+            if self.total_size is None
+            else (f"the index's {self.total_size} bytes in total")
         )
         self.announced = 0
         if not self.weight_map:
@@ -326,7 +328,11 @@ async def _receive_delta(
         raise WeightTransferError(f"a delta header carries {MANIFEST_FILE} alone, got {sorted(header.files)}")
     manifest = Manifest.parse(header.files[MANIFEST_FILE], "header")
     served = read_manifest(base)
-    if base is None or served is None or (served.version, served.digest) != (manifest.base_version, manifest.base_digest):
+    if (
+        base is None
+        or served is None
+        or (served.version, served.digest) != (manifest.base_version, manifest.base_digest)
+    ):
         have = "no published weights" if served is None else f"version {served.version}"
         raise WeightBaseMismatch(f"delta to version {manifest.version} needs base version {manifest.base_version}; "
                                  f"this host serves {have}")  # fmt: skip

@@ -50,11 +50,19 @@ from legorl_jax.train.step import Learner
 
 SIZES: dict[str, dict[str, Any]] = {
     # ~101M parameters (25M of them the tied embedding), Qwen3 layout.
-    "100m": dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_layers=12, num_heads=12,
-                 num_kv_heads=4, head_dim=64),
+    "100m": dict(
+        vocab_size=32768,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_layers=12,
+        num_heads=12,
+        num_kv_heads=4,
+        head_dim=64,
+    ),
     # ~7M parameters: for slow or shared CPUs.
-    "small": dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_layers=6, num_heads=4,
-                  num_kv_heads=2, head_dim=64),
+    "small": dict(
+        vocab_size=8192, hidden_size=256, intermediate_size=768, num_layers=6, num_heads=4, num_kv_heads=2, head_dim=64
+    ),
 }
 
 
@@ -133,8 +141,9 @@ def micro_step_peak_bytes(learner: Learner, packed: Any) -> int:
     peak = 0
     with jax.set_mesh(learner.mesh):
         for mb in {(mb.tokens.shape, mb.tree): mb for mb in packed.micro_batches}.values():
-            lowered = learner._micro.lower(learner.params, learner.ref_params, learner._zero_acc(),
-                                           learner.device_batch(mb), coef)
+            lowered = learner._micro.lower(
+                learner.params, learner.ref_params, learner._zero_acc(), learner.device_batch(mb), coef
+            )
             mem = lowered.compile().memory_analysis()
             if mem is None:
                 raise SystemExit(f"{jax.default_backend()} reports no memory analysis of compiled programs")
@@ -145,8 +154,15 @@ def micro_step_peak_bytes(learner: Learner, packed: Any) -> int:
 def build_model(args: argparse.Namespace) -> tuple[Any, ModelConfig, CausalLM, int]:
     """The benchmarked Qwen3 of `--size`, its mesh, config and parameter count."""
     mesh = learner_mesh(MeshConfig(fsdp=-1, tensor=args.tensor))
-    cfg = ModelConfig(architecture="qwen3", qk_norm=True, tie_word_embeddings=True, param_dtype="float32",
-                      compute_dtype=args.dtype, remat=args.remat, **SIZES[args.size])
+    cfg = ModelConfig(
+        architecture="qwen3",
+        qk_norm=True,
+        tie_word_embeddings=True,
+        param_dtype="float32",
+        compute_dtype=args.dtype,
+        remat=args.remat,
+        **SIZES[args.size],
+    )
     model = CausalLM(cfg, rngs=nnx.Rngs(0))
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     return mesh, cfg, model, int(n_params)
@@ -157,7 +173,10 @@ def run_shared_prefix(args: argparse.Namespace) -> dict[str, Any]:
     mesh, cfg, model, n_params = build_model(args)
     report: dict[str, Any] = {
         "model": {"size": args.size, "params": int(n_params), "dtype": args.dtype, "remat": args.remat},
-        "scale": args.scale, "platform": jax.devices()[0].platform, "host_cpus": os.cpu_count(), "cases": {},
+        "scale": args.scale,
+        "platform": jax.devices()[0].platform,
+        "host_cpus": os.cpu_count(),
+        "cases": {},
     }
     for name in args.cases:
         report["cases"][name] = shared_prefix_case(args, name, model, cfg, mesh)
@@ -166,8 +185,9 @@ def run_shared_prefix(args: argparse.Namespace) -> dict[str, Any]:
 
 def shared_prefix_case(args: argparse.Namespace, name: str, model: CausalLM, cfg: ModelConfig, mesh: Any) -> dict:
     """One case of `run_shared_prefix`; its learners are freed on return."""
-    lengths = {k: v if k in ("configs", "tasks", "members") else -(-v // args.scale)
-               for k, v in SHARED_CASES[name].items()}
+    lengths = {
+        k: v if k in ("configs", "tasks", "members") else -(-v // args.scale) for k, v in SHARED_CASES[name].items()
+    }
     seqs = prefix_groups(**lengths, vocab=cfg.vocab_size)
     # Rows up to twice a sequence: a group's tree (or a part of it, each with the prefix) fits one row;
     # one row of the largest bucket per micro-batch bounds memory alike for both packings.
@@ -175,8 +195,9 @@ def shared_prefix_case(args: argparse.Namespace, name: str, model: CausalLM, cfg
     buckets = sorted({unit * k // 4 // 128 * 128 for k in range(4, 9)})
     learners = {}
     for share in (False, True):
-        lc = LearnerConfig(micro_batch_tokens=buckets[-1], length_buckets=buckets,
-                           logprob_chunk_size=args.chunk, share_prefixes=share)
+        lc = LearnerConfig(
+            micro_batch_tokens=buckets[-1], length_buckets=buckets, logprob_chunk_size=args.chunk, share_prefixes=share
+        )
         learners["tree" if share else "unshared"] = Learner(model, RLConfig(), lc, mesh)
     packed = {k: lr.pack(seqs) for k, lr in learners.items()}
     losses: dict[str, list[float]] = {k: [] for k in learners}
@@ -186,14 +207,21 @@ def shared_prefix_case(args: argparse.Namespace, name: str, model: CausalLM, cfg
 
     t = interleaved({k: partial(step, k) for k in learners}, args.repeats)
     return {
-        "lengths": lengths, "sequences": len(seqs), "buckets": buckets,
-        **{k: {"step_s": t[k], "loss_first_step": losses[k][0],
-               "computed_tokens": packed[k].stats["batch/computed_tokens"],
-               "represented_tokens": packed[k].stats["batch/tokens"],
-               "shared_token_frac": packed[k].stats["batch/shared_token_frac"],
-               "micro_batches": len(packed[k].micro_batches),
-               "micro_step_peak_mib": micro_step_peak_bytes(learners[k], packed[k]) / 2**20}
-           for k in learners},
+        "lengths": lengths,
+        "sequences": len(seqs),
+        "buckets": buckets,
+        **{
+            k: {
+                "step_s": t[k],
+                "loss_first_step": losses[k][0],
+                "computed_tokens": packed[k].stats["batch/computed_tokens"],
+                "represented_tokens": packed[k].stats["batch/tokens"],
+                "shared_token_frac": packed[k].stats["batch/shared_token_frac"],
+                "micro_batches": len(packed[k].micro_batches),
+                "micro_step_peak_mib": micro_step_peak_bytes(learners[k], packed[k]) / 2**20,
+            }
+            for k in learners
+        },
         "tree_over_unshared_time": t["tree"] / t["unshared"],
         "loss_rel_diff": abs(losses["tree"][0] - losses["unshared"][0]) / abs(losses["unshared"][0]),
     }
@@ -202,8 +230,9 @@ def shared_prefix_case(args: argparse.Namespace, name: str, model: CausalLM, cfg
 def run(args: argparse.Namespace) -> dict[str, Any]:
     mesh, cfg, model, n_params = build_model(args)
     tokens_per_step = args.rows * args.seq_len
-    learner_cfg = LearnerConfig(micro_batch_tokens=tokens_per_step, length_buckets=[args.seq_len],
-                                logprob_chunk_size=args.chunk)
+    learner_cfg = LearnerConfig(
+        micro_batch_tokens=tokens_per_step, length_buckets=[args.seq_len], logprob_chunk_size=args.chunk
+    )
     learner = Learner(model, RLConfig(), learner_cfg, mesh)
     del model
     seqs = synthetic_step(args.rows, args.seq_len, cfg.vocab_size, args.per_row)
@@ -216,13 +245,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def nll(params: dict, b: dict) -> jax.Array:
         m = nnx.merge(learner.graphdef, params)
-        lp = token_logprobs(m, b["tokens"], positions=b["positions"], segment_ids=b["segment_ids"],
-                            chunk_size=args.chunk)
+        lp = token_logprobs(
+            m, b["tokens"], positions=b["positions"], segment_ids=b["segment_ids"], chunk_size=args.chunk
+        )
         return -jnp.mean(lp)
 
     batch_sh = {k: batch_sharding(mesh) for k in batch}
-    fwd_bwd = jax.jit(jax.value_and_grad(nll), in_shardings=(learner.param_sh, batch_sh),
-                      out_shardings=(None, learner.param_sh))
+    fwd_bwd = jax.jit(
+        jax.value_and_grad(nll), in_shardings=(learner.param_sh, batch_sh), out_shardings=(None, learner.param_sh)
+    )
     t = interleaved(
         {
             "matmul": matmul(args.dtype, args.matmul_n),
@@ -249,8 +280,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "mesh": dict(mesh.shape),
         "model": {"size": args.size, "params": int(n_params), "dtype": args.dtype, "remat": args.remat},
-        "batch": {"rows": args.rows, "seq_len": args.seq_len, "tokens": tokens_per_step,
-                  "padding_frac": packed.stats["batch/padding_frac"]},
+        "batch": {
+            "rows": args.rows,
+            "seq_len": args.seq_len,
+            "tokens": tokens_per_step,
+            "padding_frac": packed.stats["batch/padding_frac"],
+        },
         "matmul_peak_tflops": peak / 1e12,
         "model_tflops_per_step": flops / 1e12,
         "baseline_fwd_bwd_s": base_s,

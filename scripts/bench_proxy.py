@@ -48,13 +48,26 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 ADMIN = "bench-admin"
-TOOL = {"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
-REPLY = ('<think>\nlook at the files\n</think>\n\nChecking.\n<tool_call>\n'
-         '{"name": "bash", "arguments": {"command": "ls -la src"}}\n</tool_call>')
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+}
+REPLY = (
+    "<think>\nlook at the files\n</think>\n\nChecking.\n<tool_call>\n"
+    '{"name": "bash", "arguments": {"command": "ls -la src"}}\n</tool_call>'
+)
 # The same turn as a chat message, for pass-through proxies that call the engine's chat route.
-CHAT_REPLY = {"role": "assistant", "content": "Checking.", "tool_calls": [
-    {"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls -la src"}'}}]}
+CHAT_REPLY = {
+    "role": "assistant",
+    "content": "Checking.",
+    "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls -la src"}'}}
+    ],
+}
 LITELLM_VENV = REPO / ".cache" / "litellm-venv"
 LITELLM_KEY = "sk-bench-" + secrets.token_hex(16)
 
@@ -73,7 +86,10 @@ def _serve(app: Any, ports: Any, profile: str | None = None) -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on",
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         http="httptools" if importlib.util.find_spec("httptools") else "h11",
     )
@@ -119,8 +135,9 @@ def _serve_proxy(tokenizer_dir: str, engine_url: str, ports: Any, profile: str |
     from rollout_server.proxy.session import SessionStore
 
     store = SessionStore(SessionCaps(max_model_calls=10**6, max_total_tokens=10**9, max_wall_s=10**6))
-    core = ProxyCore(ChatTemplate(_tokenizer(tokenizer_dir)), ProxyEngineClient(engine_url, "bench"), store,
-                     max_context=32768)
+    core = ProxyCore(
+        ChatTemplate(_tokenizer(tokenizer_dir)), ProxyEngineClient(engine_url, "bench"), store, max_context=32768
+    )
     _serve(build_app(core, admin_token=ADMIN), ports, profile)
 
 
@@ -137,12 +154,15 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _messages() -> list[dict[str, Any]]:
-    return [{"role": "system", "content": "You are a coding agent. " * 40},
-            {"role": "user", "content": "Find the failing test and fix it."}]
+    return [
+        {"role": "system", "content": "You are a coding agent. " * 40},
+        {"role": "user", "content": "Find the failing test and fix it."},
+    ]
 
 
-async def _tool_loop(http: Any, url: str, headers: dict[str, str], turns: int, out: list[float],
-                     bodies: list[dict[str, Any]]) -> None:
+async def _tool_loop(
+    http: Any, url: str, headers: dict[str, str], turns: int, out: list[float], bodies: list[dict[str, Any]]
+) -> None:
     """One session: a tool loop of `turns` chat calls, each timed; the bodies sent are kept."""
     messages = _messages()
     for turn in range(turns):
@@ -155,10 +175,20 @@ async def _tool_loop(http: Any, url: str, headers: dict[str, str], turns: int, o
         bodies.append(body)
         call = reply.json()["choices"][0]["message"]["tool_calls"][0]
         messages += [  # sent back compactly re-serialised, as OpenCode does
-            {"role": "assistant", "content": "Checking.", "tool_calls": [
-                {"id": call["id"], "type": "function",
-                 "function": {"name": "bash", "arguments": json.dumps(json.loads(call["function"]["arguments"]),
-                                                                      separators=(",", ":"))}}]},
+            {
+                "role": "assistant",
+                "content": "Checking.",
+                "tool_calls": [
+                    {
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {
+                            "name": "bash",
+                            "arguments": json.dumps(json.loads(call["function"]["arguments"]), separators=(",", ":")),
+                        },
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": call["id"], "content": f"file_{turn}.py\n" * 20},
         ]
 
@@ -182,8 +212,9 @@ class _Tally:
         self.wall = dict.fromkeys(self.latencies, 0.0)
         self.cpu = dict.fromkeys(pids, 0.0)
 
-    async def phase(self, name: str, sessions: int, concurrency: int,
-                    run: Callable[[int, list[float]], Awaitable[Any]]) -> list[Any]:
+    async def phase(
+        self, name: str, sessions: int, concurrency: int, run: Callable[[int, list[float]], Awaitable[Any]]
+    ) -> list[Any]:
         """Runs `sessions` sessions, at most `concurrency` at once; returns their results."""
         gate = asyncio.Semaphore(concurrency)
 
@@ -201,45 +232,73 @@ class _Tally:
         return list(results)
 
 
-async def _ours(http: Any, proxy: str, engine: str, sessions: int, concurrency: int, turns: int,
-                tally: _Tally) -> list[dict[str, Any]]:
+async def _ours(
+    http: Any, proxy: str, engine: str, sessions: int, concurrency: int, turns: int, tally: _Tally
+) -> list[dict[str, Any]]:
     from rollout_server.backends.client import completion_body
 
     admin = {"authorization": f"Bearer {ADMIN}"}
     made = [(await http.post(f"{proxy}/admin/sessions", json={}, headers=admin)).json() for _ in range(sessions)]
-    await tally.phase("ours", sessions, concurrency, lambda i, out: _tool_loop(
-        http, made[i]["urls"]["openai"], {"authorization": f"Bearer {made[i]['key']}"}, turns, out, []))
-    trajectories = [(await http.get(f"{proxy}/admin/sessions/{m['key']}/trajectory", headers=admin)).json()
-                    for m in made]
+    await tally.phase(
+        "ours",
+        sessions,
+        concurrency,
+        lambda i, out: _tool_loop(
+            http, made[i]["urls"]["openai"], {"authorization": f"Bearer {made[i]['key']}"}, turns, out, []
+        ),
+    )
+    trajectories = [
+        (await http.get(f"{proxy}/admin/sessions/{m['key']}/trajectory", headers=admin)).json() for m in made
+    ]
     # The same prompts, straight to the engine, with the same concurrency, in the body the
     # proxy's engine client builds (minus the session's sampling).
-    prompts = [[completion_body(p, "bench", max_tokens=1024, return_tokens_as_token_ids=True) for p in _prompts(t)]
-               for t in trajectories]
-    await tally.phase("direct", sessions, concurrency,
-                      lambda i, out: _replay(http, f"{engine}/v1/completions", prompts[i], out))
+    prompts = [
+        [completion_body(p, "bench", max_tokens=1024, return_tokens_as_token_ids=True) for p in _prompts(t)]
+        for t in trajectories
+    ]
+    await tally.phase(
+        "direct", sessions, concurrency, lambda i, out: _replay(http, f"{engine}/v1/completions", prompts[i], out)
+    )
     return trajectories
 
 
-async def _litellm(http: Any, litellm: str, engine: str, sessions: int, concurrency: int, turns: int,
-                   tally: _Tally) -> None:
+async def _litellm(
+    http: Any, litellm: str, engine: str, sessions: int, concurrency: int, turns: int, tally: _Tally
+) -> None:
     bodies: list[list[dict[str, Any]]] = [[] for _ in range(sessions)]
     key = {"authorization": f"Bearer {LITELLM_KEY}"}
-    await tally.phase("litellm", sessions, concurrency,
-                      lambda i, out: _tool_loop(http, f"{litellm}/v1", key, turns, out, bodies[i]))
-    await tally.phase("direct_chat", sessions, concurrency, lambda i, out: _replay(
-        http, f"{engine}/v1/chat/completions", [{**b, "model": "bench"} for b in bodies[i]], out))
+    await tally.phase(
+        "litellm", sessions, concurrency, lambda i, out: _tool_loop(http, f"{litellm}/v1", key, turns, out, bodies[i])
+    )
+    await tally.phase(
+        "direct_chat",
+        sessions,
+        concurrency,
+        lambda i, out: _replay(
+            http, f"{engine}/v1/chat/completions", [{**b, "model": "bench"} for b in bodies[i]], out
+        ),
+    )
 
 
-async def _level(proxy: str, engine: str, litellm: str | None, concurrency: int, turns: int, min_calls: int,
-                 rounds: int, pids: dict[str, int]) -> dict[str, Any]:
+async def _level(
+    proxy: str,
+    engine: str,
+    litellm: str | None,
+    concurrency: int,
+    turns: int,
+    min_calls: int,
+    rounds: int,
+    pids: dict[str, int],
+) -> dict[str, Any]:
     import httpx
 
     tally = _Tally(pids)
     sessions = max(concurrency, -(-min_calls // (turns * rounds)))
     # One client, one keep-alive pool for every path; idle connections expire
     # before the servers' 5 s keep-alive timeout closes them under us.
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4,
-                          keepalive_expiry=2.0)
+    limits = httpx.Limits(
+        max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4, keepalive_expiry=2.0
+    )
     trajectories: list[dict[str, Any]] = []
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         for _ in range(rounds):
@@ -265,8 +324,9 @@ async def _level(proxy: str, engine: str, litellm: str | None, concurrency: int,
             row[f"litellm_vs_ours_added_{q}"] = row[f"litellm_added_{q}_ms"] / max(row[f"ours_added_{q}_ms"], 1e-3)
     row["in_proxy_p50_ms"] = 1e3 * _percentile(own, 0.5)
     row["in_proxy_p99_ms"] = 1e3 * _percentile(own, 0.99)
-    row["incremental_render_share"] = sum(c.get("incremental_render", False) for t in trajectories
-                                          for c in t["calls"]) / len(own)
+    row["incremental_render_share"] = sum(
+        c.get("incremental_render", False) for t in trajectories for c in t["calls"]
+    ) / len(own)
     row["merged_ratio_mean"] = sum(t["metrics"]["merged_ratio"] for t in trajectories) / len(trajectories)
     return row
 
@@ -281,8 +341,9 @@ def _litellm_venv(venv: Path) -> Path:
     cli = venv / "bin" / "litellm"
     if cli.exists():
         return cli
-    print(f"bench: installing litellm[proxy] into {venv} (first use only; a few minutes) ...", file=sys.stderr,
-          flush=True)
+    print(
+        f"bench: installing litellm[proxy] into {venv} (first use only; a few minutes) ...", file=sys.stderr, flush=True
+    )
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "litellm[proxy]"], check=True)
     print("bench: litellm installed", file=sys.stderr, flush=True)
@@ -295,20 +356,36 @@ def _start_litellm(venv: Path, engine_url: str, workdir: Path) -> tuple[subproce
 
     cli = _litellm_venv(venv)
     config = workdir / "litellm.yaml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "model_list": [{"model_name": "policy", "litellm_params": {
-            "model": "hosted_vllm/bench", "api_base": f"{engine_url}/v1", "api_key": "none"}}],
-        "litellm_settings": {"drop_params": True, "telemetry": False},
-        # LiteLLM refuses to start as an open relay; ours checks a session key too.
-        "general_settings": {"master_key": LITELLM_KEY},
-    }))
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "model_list": [
+                    {
+                        "model_name": "policy",
+                        "litellm_params": {
+                            "model": "hosted_vllm/bench",
+                            "api_base": f"{engine_url}/v1",
+                            "api_key": "none",
+                        },
+                    }
+                ],
+                "litellm_settings": {"drop_params": True, "telemetry": False},
+                # LiteLLM refuses to start as an open relay; ours checks a session key too.
+                "general_settings": {"master_key": LITELLM_KEY},
+            }
+        )
+    )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"}
     log = (workdir / "litellm.log").open("wb")
-    proc = subprocess.Popen([str(cli), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-                             "--num_workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [str(cli), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -356,8 +433,9 @@ def main() -> int:
     try:
         asyncio.run(_level(proxy_url, engine_url, litellm_url, 1, 2, 4, 1, pids))  # warm-up: imports, pools
         for sessions in args.sessions:
-            row = asyncio.run(_level(proxy_url, engine_url, litellm_url, sessions, args.turns, args.min_calls,
-                                     args.rounds, pids))
+            row = asyncio.run(
+                _level(proxy_url, engine_url, litellm_url, sessions, args.turns, args.min_calls, args.rounds, pids)
+            )
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     finally:
         if litellm_proc is not None:

@@ -112,8 +112,10 @@ def report(level: int, trajectories: list[pb.Trajectory], elapsed: float) -> dic
     graded = [t for t in trajectories if t.status in GRADED]
     row = {"level": level, "n": len(trajectories), "per_min": len(trajectories) / elapsed * 60}
     calls = np.median([t.metrics.model_calls for t in trajectories])
-    print(f"\nconcurrency {level}: {len(trajectories)} trials in {elapsed:.1f}s -> {row['per_min']:.1f} trials/min;"
-          f" statuses {dict(statuses)}; model calls per trial, median {calls:.0f}")
+    print(
+        f"\nconcurrency {level}: {len(trajectories)} trials in {elapsed:.1f}s -> {row['per_min']:.1f} trials/min;"
+        f" statuses {dict(statuses)}; model calls per trial, median {calls:.0f}"
+    )
     if not graded:
         print("  no graded trial: no timings")
         return row
@@ -132,14 +134,17 @@ def report(level: int, trajectories: list[pb.Trajectory], elapsed: float) -> dic
 
 def print_table(rows: list[dict[str, float]]) -> None:
     base = rows[0]["per_min"]
-    print("\n| concurrency | trials | trials/min | vs first level | overhead med / p95 s | trial med / p95 s "
-          "| overhead/trial med / p95 |")
+    print(
+        "\n| concurrency | trials | trials/min | vs first level | overhead med / p95 s | trial med / p95 s "
+        "| overhead/trial med / p95 |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         timing = (
             f"{r['overhead_med']:.2f} / {r['overhead_p95']:.2f} | {r['trial_med']:.2f} / {r['trial_p95']:.2f} "
             f"| {r['fraction_med']:.2f} / {r['fraction_p95']:.2f}"
-            if "overhead_med" in r else "- | - | -"
+            if "overhead_med" in r
+            else "- | - | -"
         )
         print(f"| {r['level']} | {r['n']} | {r['per_min']:.1f} | {r['per_min'] / base:.2f}x | {timing} |")
 

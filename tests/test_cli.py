@@ -12,9 +12,7 @@ from legorl_jax.cli import SUBCOMMANDS
 
 
 def legorl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "legorl_jax.cli", *args], capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([sys.executable, "-m", "legorl_jax.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_help_lists_every_registered_subcommand_and_each_help_works() -> None:

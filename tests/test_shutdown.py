@@ -46,7 +46,9 @@ class Process:
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
             [LEGORL, *args, "--port", "0", "--shutdown-grace-s", str(GRACE_S)],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.url = self._wait_url()
 
@@ -93,8 +95,9 @@ def _in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
 
 
 def test_legorl_serve_aborts_a_long_request_after_the_grace(model_dir: Path, tmp_path: Path) -> None:
-    server = Process(["serve", "--model", str(model_dir), "--max-num-seqs", "2", "--max-model-len", "32768"],
-                     tmp_path / "serve.log")
+    server = Process(
+        ["serve", "--model", str(model_dir), "--max-num-seqs", "2", "--max-model-len", "32768"], tmp_path / "serve.log"
+    )
     try:
         # ignore_eos and a 30k-token budget: minutes of decoding on this model.
         long = {"prompt": [11, 42, 7], "max_tokens": 30000, "ignore_eos": True}
@@ -130,10 +133,12 @@ class NeverAnswers:
 
     def __init__(self) -> None:
         self.called = threading.Event()
-        self.app = Starlette(routes=[
-            Route("/v1/models", self._models, methods=["GET"]),
-            Route("/v1/completions", self._completions, methods=["POST"]),
-        ])
+        self.app = Starlette(
+            routes=[
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+            ]
+        )
 
     async def _models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "stuck", "object": "model", "max_model_len": 4096}]})
@@ -158,14 +163,20 @@ def test_legorl_proxy_aborts_a_call_the_engine_never_answers(
     stuck_engine: tuple[NeverAnswers, str], model_dir: Path, tmp_path: Path
 ) -> None:
     engine, engine_url = stuck_engine
-    proxy = Process(["proxy", "--engine-url", engine_url, "--model", str(model_dir), "--admin-token", "t"],
-                    tmp_path / "proxy.log")
+    proxy = Process(
+        ["proxy", "--engine-url", engine_url, "--model", str(model_dir), "--admin-token", "t"], tmp_path / "proxy.log"
+    )
     try:
         made = httpx.post(f"{proxy.url}/admin/sessions", json={}, headers={"authorization": "Bearer t"}).json()
         chat = {"model": "any", "messages": [{"role": "user", "content": "hi"}]}
-        thread, result = _in_thread(lambda: httpx.post(
-            made["urls"]["openai"].rstrip("/") + "/chat/completions", json=chat,
-            headers={"authorization": f"Bearer {made['key']}"}, timeout=120))
+        thread, result = _in_thread(
+            lambda: httpx.post(
+                made["urls"]["openai"].rstrip("/") + "/chat/completions",
+                json=chat,
+                headers={"authorization": f"Bearer {made['key']}"},
+                timeout=120,
+            )
+        )
         assert engine.called.wait(60), proxy.log_path.read_text()
         elapsed = proxy.sigterm_and_time_exit()
         assert GRACE_S - 0.5 <= elapsed <= GRACE_S + EXIT_SLACK_S, elapsed

@@ -1,8 +1,8 @@
 """`legorl convert`: move a model between HF checkpoint directories and Orbax.
 
-  legorl convert --from-hf DIR --to-hf OUT [--dtype bfloat16] [--max-shard-size 5GB]
-  legorl convert --from-orbax CKPT --config-from HF_DIR --to-hf OUT [--step N]
-  legorl convert --from-hf DIR --to-orbax CKPT
+legorl convert --from-hf DIR --to-hf OUT [--dtype bfloat16] [--max-shard-size 5GB]
+legorl convert --from-orbax CKPT --config-from HF_DIR --to-hf OUT [--step N]
+legorl convert --from-hf DIR --to-orbax CKPT
 """
 
 from __future__ import annotations

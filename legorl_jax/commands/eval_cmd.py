@@ -13,12 +13,18 @@ from legorl_jax.commands import add_config_arguments
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="HF model directory to evaluate")
     parser.add_argument(
-        "--tasks", nargs="+", default=None, metavar="PATH",
+        "--tasks",
+        nargs="+",
+        default=None,
+        metavar="PATH",
         help="task roots or JSONL indexes "
         "(default: the config's tasks.eval plus, with tasks.demo, the held-out demo variants)",
     )
     parser.add_argument(
-        "--harness", action="append", default=None, metavar="JSON",
+        "--harness",
+        action="append",
+        default=None,
+        metavar="JSON",
         help='harness config as JSON, e.g. \'{"name": "lego", "options": {"tools": "bash_only"}}\' '
         "(repeatable; default: the config's harness_mix)",
     )

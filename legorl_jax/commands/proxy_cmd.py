@@ -32,22 +32,40 @@ def _context_length(value: object) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-url", required=True, metavar="URL", help="engine base URL (vLLM or `legorl serve`)")
-    parser.add_argument("--model", required=True, metavar="DIR",
-                        help="HF model directory: its tokenizer and chat template")
+    parser.add_argument(
+        "--model", required=True, metavar="DIR", help="HF model directory: its tokenizer and chat template"
+    )
     parser.add_argument("--host", default=None, help="bind address (default: proxy.host of the config)")
     parser.add_argument("--port", type=int, default=None, help="port (default: proxy.port of the config)")
-    parser.add_argument("--admin-token", default=None,
-                        help="Bearer token of the admin API (default: a fresh random one, printed at start)")
-    parser.add_argument("--chat-template", default=None, metavar="FILE",
-                        help="Jinja chat template used instead of the tokenizer's, e.g. one that renders tools "
-                             "(default: proxy.chat_template of the config)")
-    parser.add_argument("--served-model-name", default=None,
-                        help="model id sent to the engine (default: the engine's, from /v1/models)")
-    parser.add_argument("--max-context", type=_context_length, default=None,
-                        help="context length in tokens (default: the engine's max_model_len, from /v1/models)")
-    parser.add_argument("--engine-wait-s", type=seconds_arg, default=DEFAULT_ENGINE_WAIT_S, metavar="S",
-                        help="seconds to wait at start for the engine to answer /v1/models, when the model id or "
-                             f"the context is to come from it (default: {DEFAULT_ENGINE_WAIT_S:g})")
+    parser.add_argument(
+        "--admin-token",
+        default=None,
+        help="Bearer token of the admin API (default: a fresh random one, printed at start)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="Jinja chat template used instead of the tokenizer's, e.g. one that renders tools "
+        "(default: proxy.chat_template of the config)",
+    )
+    parser.add_argument(
+        "--served-model-name", default=None, help="model id sent to the engine (default: the engine's, from /v1/models)"
+    )
+    parser.add_argument(
+        "--max-context",
+        type=_context_length,
+        default=None,
+        help="context length in tokens (default: the engine's max_model_len, from /v1/models)",
+    )
+    parser.add_argument(
+        "--engine-wait-s",
+        type=seconds_arg,
+        default=DEFAULT_ENGINE_WAIT_S,
+        metavar="S",
+        help="seconds to wait at start for the engine to answer /v1/models, when the model id or "
+        f"the context is to come from it (default: {DEFAULT_ENGINE_WAIT_S:g})",
+    )
     add_shutdown_grace_argument(parser)
     add_config_arguments(parser)
 
@@ -78,10 +96,15 @@ def wait_for_engine(engine_url: str, wait_s: float) -> dict[str, Any]:
                 raise SystemExit(
                     f"legorl proxy: the engine at {engine_url} did not answer {url} within {wait_s:g} s (last: "
                     f"{problem}); start it, wait longer with --engine-wait-s, or give --max-context and "
-                    "--served-model-name to start without asking it")
+                    "--served-model-name to start without asking it"
+                )
             if now >= report:
-                print(f"legorl proxy: waiting for the engine at {engine_url} ({now - start:.0f} of {wait_s:g} s: "
-                      f"{problem})", file=sys.stderr, flush=True)
+                print(
+                    f"legorl proxy: waiting for the engine at {engine_url} ({now - start:.0f} of {wait_s:g} s: "
+                    f"{problem})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 report = now + _REPORT_S
             time.sleep(min(_POLL_S, deadline - now))
 
@@ -110,24 +133,39 @@ def run(args: argparse.Namespace) -> int:
             try:
                 max_context = _context_length(card.get("max_model_len"))
             except argparse.ArgumentTypeError as exc:
-                raise SystemExit(f"legorl proxy: the engine at {args.engine_url} gives no usable context length "
-                                 f"(max_model_len in /v1/models: {exc}); give it with --max-context") from None
+                raise SystemExit(
+                    f"legorl proxy: the engine at {args.engine_url} gives no usable context length "
+                    f"(max_model_len in /v1/models: {exc}); give it with --max-context"
+                ) from None
     # `legorl serve` (its card's owner) computes prompt logprobs at the request's temperature; any other
     # engine is taken for vLLM, which computes them at temperature 1.
-    core = build_core(args.model, args.engine_url, served_model=served, max_context=max_context,
-                      config=config.proxy, template=template,
-                      unit_temperature_prompt_logprobs=card.get("owned_by") != "legorl")
+    core = build_core(
+        args.model,
+        args.engine_url,
+        served_model=served,
+        max_context=max_context,
+        config=config.proxy,
+        template=template,
+        unit_temperature_prompt_logprobs=card.get("owned_by") != "legorl",
+    )
     admin_token = args.admin_token or secrets.token_urlsafe(24)
     app = build_app(core, keepalive_s=config.proxy.keepalive_s, admin_token=admin_token)
     if not args.admin_token:
         print(f"legorl proxy: admin token {admin_token}", file=sys.stderr, flush=True)
-    print(f"legorl proxy: engine {args.engine_url} (model {served!r}, context {max_context})",
-          file=sys.stderr, flush=True)
+    print(
+        f"legorl proxy: engine {args.engine_url} (model {served!r}, context {max_context})", file=sys.stderr, flush=True
+    )
     # Start-up objects live as long as the proxy; frozen, a full collection no longer walks them
     # (each one stalled every session; docs/benchmarks.md, Proxy).
     gc.freeze()
     # No access log: a line per model call is I/O on the hot path; the trajectory records every call.
-    serve(app, grace_s=args.shutdown_grace_s, host=args.host or config.proxy.host,
-          port=config.proxy.port if args.port is None else args.port, log_level="info", access_log=False,
-          lifespan="off")
+    serve(
+        app,
+        grace_s=args.shutdown_grace_s,
+        host=args.host or config.proxy.host,
+        port=config.proxy.port if args.port is None else args.port,
+        log_level="info",
+        access_log=False,
+        lifespan="off",
+    )
     return 0

@@ -31,7 +31,9 @@ def add_shutdown_grace_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, metavar="DIR", help="HF model directory (config.json, safetensors, tokenizer)")
+    parser.add_argument(
+        "--model", required=True, metavar="DIR", help="HF model directory (config.json, safetensors, tokenizer)"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None, help="model id clients send (default: the --model path)")

@@ -32,9 +32,7 @@ class ModelRunConfig(Strict):
     param_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Dtype of the stored (master) parameters."
     )
-    compute_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Dtype of activations and matmuls."
-    )
+    compute_dtype: Literal["float32", "bfloat16"] = Field("float32", description="Dtype of activations and matmuls.")
     remat: Literal["none", "full", "dots_saveable"] = Field(
         "none", description="Rematerialisation policy of the scanned layer body."
     )
@@ -132,8 +130,10 @@ class RLConfig(Strict):
     groups_per_step: int = Field(8, gt=0, description="Informative groups per optimizer step.")
     dynamic_sampling: bool = Field(True, description="Drop zero-variance groups and sample more.")
     max_sampling_rounds: int = Field(
-        4, gt=0, description="Rounds of sampling per step at most, so a policy that solves nothing (or everything) "
-        "cannot stall the run; the step trains on the informative groups it got."
+        4,
+        gt=0,
+        description="Rounds of sampling per step at most, so a policy that solves nothing (or everything) "
+        "cannot stall the run; the step trains on the informative groups it got.",
     )
     max_policy_lag: int = Field(0, ge=0, description="0 is synchronous; k overlaps rollouts with training.")
     sampling: SamplingConfig = SamplingConfig()
@@ -148,11 +148,15 @@ class EngineConfig(Strict):
     port: int = Field(8000, ge=0, le=65535)
     max_batch: int = Field(32, gt=0, description="Sequences decoded together (continuous batching).")
     max_context: int = Field(
-        4096, gt=0, description="Context (prompt + completion) a launched engine serves (--max-model-len). With "
+        4096,
+        gt=0,
+        description="Context (prompt + completion) a launched engine serves (--max-model-len). With "
         "kind external the engine's own /v1/models max_model_len is used instead.",
     )
     startup_timeout_s: float = Field(
-        900.0, gt=0, description="How long the rollout server waits for the engine's /health and /v1/models "
+        900.0,
+        gt=0,
+        description="How long the rollout server waits for the engine's /health and /v1/models "
         "(a launched engine loading its weights, each time it starts, or an external one not up yet) before it "
         "gives up.",
     )
@@ -163,7 +167,9 @@ class EngineConfig(Strict):
         "auto", description="Embedded: K/V storage dtype (auto: the compute dtype)."
     )
     kv_cache_memory_bytes: int | None = Field(
-        None, gt=0, description="Embedded: bytes of the KV-cache pool; requests beyond it wait (None: the engine's "
+        None,
+        gt=0,
+        description="Embedded: bytes of the KV-cache pool; requests beyond it wait (None: the engine's "
         "default, the weights' size, 512 MiB or one max_context sequence, whichever is most).",
     )
     max_chunk: int = Field(512, gt=0, description="Embedded: largest prefill chunk (tokens) per engine step.")
@@ -456,9 +462,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         lines = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "<root>"
-            origin = next(
-                (o for k, o in origin_of.items() if field == k or field.startswith(k + ".")), str(source)
-            )
+            origin = next((o for k, o in origin_of.items() if field == k or field.startswith(k + ".")), str(source))
             lines.append(f"{origin}: {field}: {_describe(err)}")
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
 

@@ -29,6 +29,7 @@ DELTA_FILE = "delta.bin"
 # Hidden names of directories being built or discarded; anything else under a root is a version.
 TMP_PREFIX = ".incoming-"
 
+
 class WeightTransferError(ValueError):
     """Weights could not be received or located: the message says what was wrong."""
 

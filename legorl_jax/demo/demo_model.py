@@ -139,8 +139,12 @@ def _record(
     from transformers import AutoTokenizer  # deferred: seconds to import, only the build needs it
 
     return record_demonstrations(
-        AutoTokenizer.from_pretrained(tokenizer_dir), tasks, options, plans=spec.plans,
-        max_context=spec.max_context, max_tokens=spec.max_tokens,
+        AutoTokenizer.from_pretrained(tokenizer_dir),
+        tasks,
+        options,
+        plans=spec.plans,
+        max_context=spec.max_context,
+        max_tokens=spec.max_tokens,
     )
 
 
@@ -179,9 +183,15 @@ def build_demo_model(
     recorded = time.monotonic()
 
     init_dir = build_tiny_hf_model(
-        work / "init", hidden_size=spec.hidden_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
-        num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
-        seed=spec.seed, tokenizer_dir=tokenizer_dir,
+        work / "init",
+        hidden_size=spec.hidden_size,
+        num_layers=spec.num_layers,
+        num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        intermediate_size=spec.intermediate_size,
+        seed=spec.seed,
+        tokenizer_dir=tokenizer_dir,
     )
     model = from_hf(init_dir)
     weighted = [demo for demo in demos for _ in range(spec.plan_repeats.get(demo.plan, 1))]

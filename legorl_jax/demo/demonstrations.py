@@ -169,8 +169,11 @@ class _Recorder:
         try:
             await asyncio.to_thread(sandbox.start)
             ctx = HarnessContext(
-                session_url=f"{proxy_url}/s/{session.key}", api_key=session.key, model=_MODEL_NAME,
-                instruction=task.instruction, workdir=self.workdir,
+                session_url=f"{proxy_url}/s/{session.key}",
+                api_key=session.key,
+                model=_MODEL_NAME,
+                instruction=task.instruction,
+                workdir=self.workdir,
             )
             result = await Lego().run(sandbox, ctx, options, deadline_s=task.config.agent.timeout_sec)
             verdict = await asyncio.to_thread(verify, sandbox, task)

@@ -40,8 +40,10 @@ class SFTConfig(BaseModel):
     grad_clip_norm: float = Field(1.0, gt=0)
     eval_every: int = Field(25, gt=0, description="Steps between pass-rate estimates (the stopping check).")
     eval_groups: int = Field(
-        24, gt=0, description="(task, configuration) groups the stopping check estimates on: a seeded sample, "
-        "since a forward pass over every demonstration costs as much as many training steps."
+        24,
+        gt=0,
+        description="(task, configuration) groups the stopping check estimates on: a seeded sample, "
+        "since a forward pass over every demonstration costs as much as many training steps.",
     )
     # The estimate is a lower bound (other episodes pass too). The demo's warm start imitates a teacher that
     # acts a third of the time, so its estimate cannot pass 1/3: 0.25 means it copies the task's values well.
@@ -145,7 +147,9 @@ def sample_groups(data: SFTData, count: int, seed: int) -> SFTData:
     renumber = {e: i for i, e in enumerate(episodes)}
     rows = np.flatnonzero(np.isin(data.episode, episodes))
     return SFTData(
-        data.tokens[rows], data.mask[rows], np.array([renumber[e] for e in data.episode[rows]], np.int32),
+        data.tokens[rows],
+        data.mask[rows],
+        np.array([renumber[e] for e in data.episode[rows]], np.int32),
         tuple(tuple(renumber[e] for e in group) for group in groups),
     )
 
@@ -172,7 +176,10 @@ def make_optimizer(model: CausalLM, config: SFTConfig) -> nnx.Optimizer:
     # Decaying to a twentieth of the peak: the copy mechanism the demonstrations need
     # sets in late, and settles only once the steps get small.
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, config.learning_rate, max(config.warmup_steps, 1), max(config.max_steps, config.warmup_steps + 1),
+        0.0,
+        config.learning_rate,
+        max(config.warmup_steps, 1),
+        max(config.max_steps, config.warmup_steps + 1),
         end_value=config.learning_rate / 20,
     )
     tx = optax.chain(

@@ -25,8 +25,14 @@ def _check_positive(**values: int) -> None:
 
 
 def _arch_kwargs(
-    arch: str, *, hidden_size: int, num_heads: int, head_dim: int, intermediate_size: int,
-    num_experts: int, num_experts_per_tok: int,
+    arch: str,
+    *,
+    hidden_size: int,
+    num_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    num_experts: int,
+    num_experts_per_tok: int,
 ) -> dict[str, Any]:
     """Config fields that differ between architectures."""
     if arch == "qwen2":
@@ -86,8 +92,13 @@ def build_tiny_hf_model(
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch!r}")
     _check_positive(
-        hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        head_dim=head_dim, intermediate_size=intermediate_size, num_experts=num_experts,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        num_experts=num_experts,
         num_experts_per_tok=num_experts_per_tok,
     )
     if vocab_size is not None:
@@ -95,8 +106,13 @@ def build_tiny_hf_model(
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     arch_kwargs = _arch_kwargs(
-        arch, hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim,
-        intermediate_size=intermediate_size, num_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
+        arch,
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        num_experts=num_experts,
+        num_experts_per_tok=num_experts_per_tok,
     )
 
     # Deferred: torch and transformers take seconds to import, and only this builder needs them.

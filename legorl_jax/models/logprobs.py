@@ -91,7 +91,13 @@ def token_logprobs(
 ) -> jax.Array:
     """float32[B, T-1]: log p(tokens[:, 1:]); see `token_logprobs_with_aux`."""
     logprobs, _ = token_logprobs_with_aux(
-        model, tokens, positions=positions, segment_ids=segment_ids, kv_end=kv_end, pred_from=pred_from,
-        temperature=temperature, chunk_size=chunk_size,
+        model,
+        tokens,
+        positions=positions,
+        segment_ids=segment_ids,
+        kv_end=kv_end,
+        pred_from=pred_from,
+        temperature=temperature,
+        chunk_size=chunk_size,
     )
     return logprobs

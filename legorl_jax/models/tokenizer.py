@@ -31,7 +31,12 @@ MARKUP_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_respo
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # What any HF tokenizer directory (the demo's or a real Qwen3 checkpoint's) may hold.
 _HF_TOKENIZER_FILES = (
-    *TOKENIZER_FILES, "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json",
+    *TOKENIZER_FILES,
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
     "tokenizer.model",
 )
 
@@ -50,19 +55,97 @@ def load_chat_template() -> str:
 
 
 _SHELL = (
-    "ls -la", "cd {dir} && ls", "cat {file}", "grep -rn \"{word}\" {dir}", "python -m pytest -x -q {dir}",
-    "git status", "git diff --stat", "sed -n '1,80p' {file}", "find . -name '*.py' | head -n 20",
-    "pip install -e .", "echo $?", "mkdir -p {dir}/{word}", "wc -l {file}", "head -n 40 {file}",
-    "python {file}", "rm -rf build/", "export PYTHONPATH=$PWD", "tail -f /var/log/{word}.log",
+    "ls -la",
+    "cd {dir} && ls",
+    "cat {file}",
+    'grep -rn "{word}" {dir}',
+    "python -m pytest -x -q {dir}",
+    "git status",
+    "git diff --stat",
+    "sed -n '1,80p' {file}",
+    "find . -name '*.py' | head -n 20",
+    "pip install -e .",
+    "echo $?",
+    "mkdir -p {dir}/{word}",
+    "wc -l {file}",
+    "head -n 40 {file}",
+    "python {file}",
+    "rm -rf build/",
+    "export PYTHONPATH=$PWD",
+    "tail -f /var/log/{word}.log",
 )
 _WORDS = (
-    "config", "parser", "server", "client", "tokens", "request", "response", "buffer", "value", "result",
-    "index", "items", "count", "path", "data", "error", "model", "batch", "session", "reward", "tests",
-    "utils", "main", "handler", "cache", "queue", "state", "output", "input", "message", "content",
-    "name", "arguments", "command", "function", "string", "number", "object", "array", "schema", "user",
-    "assistant", "system", "tool", "file", "line", "column", "offset", "length", "width", "height",
-    "timeout", "retry", "logger", "status", "update", "delete", "create", "fetch", "parse", "render",
-    "encode", "decode", "format", "check", "verify", "build", "install", "deploy", "release", "version",
+    "config",
+    "parser",
+    "server",
+    "client",
+    "tokens",
+    "request",
+    "response",
+    "buffer",
+    "value",
+    "result",
+    "index",
+    "items",
+    "count",
+    "path",
+    "data",
+    "error",
+    "model",
+    "batch",
+    "session",
+    "reward",
+    "tests",
+    "utils",
+    "main",
+    "handler",
+    "cache",
+    "queue",
+    "state",
+    "output",
+    "input",
+    "message",
+    "content",
+    "name",
+    "arguments",
+    "command",
+    "function",
+    "string",
+    "number",
+    "object",
+    "array",
+    "schema",
+    "user",
+    "assistant",
+    "system",
+    "tool",
+    "file",
+    "line",
+    "column",
+    "offset",
+    "length",
+    "width",
+    "height",
+    "timeout",
+    "retry",
+    "logger",
+    "status",
+    "update",
+    "delete",
+    "create",
+    "fetch",
+    "parse",
+    "render",
+    "encode",
+    "decode",
+    "format",
+    "check",
+    "verify",
+    "build",
+    "install",
+    "deploy",
+    "release",
+    "version",
 )
 _DIRS = ("src", "tests", "lib", "app", "scripts", "docs", "pkg/core", "legorl_jax/models")
 _PROSE = (
@@ -86,12 +169,12 @@ _PYTHON = (
     "import os\nimport sys\nfrom pathlib import Path\n",
     "class {Word}:\n    def __init__(self, {arg}):\n        self.{arg} = {arg}\n",
     "for i, {arg} in enumerate({word}):\n    print(i, {arg})\n",
-    "if __name__ == \"__main__\":\n    main()\n",
+    'if __name__ == "__main__":\n    main()\n',
     "try:\n    {word} = load({arg})\nexcept ValueError as exc:\n    raise RuntimeError(str(exc)) from exc\n",
-    "with open({arg}, \"r\", encoding=\"utf-8\") as f:\n    {word} = f.read()\n",
+    'with open({arg}, "r", encoding="utf-8") as f:\n    {word} = f.read()\n',
     "assert {word}({arg}) == [{n}, {m}], {word}\n",
-    "{arg} = {{\"{word}\": {n}, \"{arg}\": [{m}, None, True, False]}}\n",
-    "@pytest.mark.parametrize(\"{arg}\", [{n}, {m}])\ndef test_{word}({arg}):\n    assert {word}({arg}) is not None\n",
+    '{arg} = {{"{word}": {n}, "{arg}": [{m}, None, True, False]}}\n',
+    '@pytest.mark.parametrize("{arg}", [{n}, {m}])\ndef test_{word}({arg}):\n    assert {word}({arg}) is not None\n',
     "async def {word}(self) -> list[str]:\n    return [x async for x in self.{arg}]\n",
     "return {{k: v for k, v in {arg}.items() if v is not None}}\n",
     "Traceback (most recent call last):\n  File \"{file}\", line {n}, in <module>\n    {word}()\nKeyError: '{arg}'\n",
@@ -119,9 +202,7 @@ def synthetic_corpus(documents: int = _CORPUS_DOCUMENTS, seed: int = _CORPUS_SEE
         command = _fill(rng.choice(_SHELL), rng)
         call = json.dumps({"name": "bash", "arguments": {"command": command}}, ensure_ascii=False)
         corpus.append(
-            "\n".join(
-                (_fill(rng.choice(_PROSE), rng), call, f"$ {command}", _fill(rng.choice(_PYTHON), rng))
-            )
+            "\n".join((_fill(rng.choice(_PROSE), rng), call, f"$ {command}", _fill(rng.choice(_PYTHON), rng)))
         )
     return corpus
 
@@ -182,9 +263,7 @@ def _write_json(path: Path, payload: object) -> None:
     path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def build_demo_tokenizer(
-    out_dir: str | Path, *, corpus: Iterable[str] | None = None, vocab_size: int = 1024
-) -> Path:
+def build_demo_tokenizer(out_dir: str | Path, *, corpus: Iterable[str] | None = None, vocab_size: int = 1024) -> Path:
     """Train the demo tokenizer and write it as an HF tokenizer directory.
 
     The built-in corpus always takes part; `corpus` adds text to it. The

@@ -66,9 +66,7 @@ class GroupAdvantages:
         }
 
 
-def compute_advantages(
-    groups: Sequence[Sequence[float | None]], estimator: str = "grpo"
-) -> GroupAdvantages:
+def compute_advantages(groups: Sequence[Sequence[float | None]], estimator: str = "grpo") -> GroupAdvantages:
     """Applies the named estimator to each group's graded rewards."""
     fn = ADVANTAGES.get(estimator)
     out: list[list[float | None]] = []

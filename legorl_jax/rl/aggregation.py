@@ -39,9 +39,7 @@ def constant(loss_tokens: np.ndarray, constant: float) -> tuple[np.ndarray, floa
     return np.ones_like(loss_tokens, dtype=np.float64), float(loss_tokens.size) * constant
 
 
-def aggregation_weights(
-    mode: str, loss_tokens: np.ndarray, constant: float
-) -> tuple[np.ndarray, float]:
+def aggregation_weights(mode: str, loss_tokens: np.ndarray, constant: float) -> tuple[np.ndarray, float]:
     if loss_tokens.size == 0:
         raise ValueError("cannot aggregate a step with no sequences")
     return AGGREGATIONS.get(mode)(np.asarray(loss_tokens), constant)

@@ -273,8 +273,12 @@ def _layout(kept: _Kept, share: bool, capacity: int, max_segments: int) -> list[
 _Where = tuple[int, int, int, int]
 _ROW_ARRAYS = {"tokens": np.int32, "positions": np.int32, "segment_ids": np.int32, "kv_end": np.int32}
 _TARGET_ARRAYS = {
-    "loss_mask": np.float32, "behavior_logprobs": np.float32, "advantages": np.float32,
-    "loss_weight": np.float32, "seq_ids": np.int32, "pred_from": np.int32,
+    "loss_mask": np.float32,
+    "behavior_logprobs": np.float32,
+    "advantages": np.float32,
+    "loss_weight": np.float32,
+    "seq_ids": np.int32,
+    "pred_from": np.int32,
 }
 
 
@@ -324,7 +328,12 @@ class _RowWriter:
 
 
 def _micro_batch(
-    rows: list[_Row], n_rows: int, bucket: int, units: list[_Node], kept: _Kept, max_segments: int,
+    rows: list[_Row],
+    n_rows: int,
+    bucket: int,
+    units: list[_Node],
+    kept: _Kept,
+    max_segments: int,
     places: dict[int, _Where],
 ) -> MicroBatch:
     """The micro-batch of `rows`; `places` gets (row, column, first, stop) of each kept sequence in it."""

@@ -77,7 +77,9 @@ class _EngineCollector:
             gauge = GaugeMetricFamily(name, doc, labels=list(labels))
             gauge.add_metric(list(labels.values()), stats[key])
             yield gauge
-        usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use.", labels=list(labels))
+        usage = GaugeMetricFamily(
+            "vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use.", labels=list(labels)
+        )
         usage.add_metric(list(labels.values()), stats["kv_blocks_used"] / max(1, stats["kv_blocks_total"]))
         yield usage
         for name, key, doc in (
@@ -216,7 +218,9 @@ def create_app(served: ServedModel, *, return_tokens_as_token_ids: bool = False)
     async def collective_rpc(req: CollectiveRpcRequest) -> dict[str, Any]:
         if req.method not in RELOAD_METHODS:
             raise ApiError(
-                HTTPStatus.BAD_REQUEST, f"unsupported method {req.method!r}; supported: {list(RELOAD_METHODS)}", "method"
+                HTTPStatus.BAD_REQUEST,
+                f"unsupported method {req.method!r}; supported: {list(RELOAD_METHODS)}",
+                "method",
             )
         path = req.kwargs.get("weights_path") or (req.args[0] if req.args else None)
         if not isinstance(path, str) or not path:

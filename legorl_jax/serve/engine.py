@@ -49,6 +49,7 @@ from legorl_jax.serve.step import DeviceStep, StepOutputs
 
 log = logging.getLogger(__name__)
 
+
 class ContextLengthError(ValueError):
     """The prompt plus the requested completion does not fit the engine's context."""
 
@@ -297,9 +298,7 @@ class Engine:
         want_top = any((s.request.params.logprobs or 0) > 0 for s in active)
         want_prompt = any(s.wants_prompt_logprobs for s in active)
         chunks = self._prompt_chunks if want_prompt else self._chunks
-        inputs, fed = build_inputs(
-            active, chunks, self._rows, self._windows, self._blocks.block_size, self._max_pairs
-        )
+        inputs, fed = build_inputs(active, chunks, self._rows, self._windows, self._blocks.block_size, self._max_pairs)
         self._cache, out = self._step(state, self._cache, inputs, want_top, want_prompt)
         with self._cond:
             self.counters["steps"] += 1
@@ -322,12 +321,13 @@ class Engine:
                 continue
             self._emit_token(index, row, slot, out)
 
-    def _collect_prompt_logprobs(
-        self, slot: Slot, row: int, n: int, positions: np.ndarray, out: StepOutputs
-    ) -> None:
+    def _collect_prompt_logprobs(self, slot: Slot, row: int, n: int, positions: np.ndarray, out: StepOutputs) -> None:
         entries = slot.prompt_entries
         logprob, rank, top_ids, top_logprobs = (
-            out.prompt_logprob, out.prompt_rank, out.prompt_top_ids, out.prompt_top_logprobs
+            out.prompt_logprob,
+            out.prompt_rank,
+            out.prompt_top_ids,
+            out.prompt_top_logprobs,
         )
         assert entries is not None and logprob is not None and rank is not None
         assert top_ids is not None and top_logprobs is not None
@@ -411,4 +411,3 @@ def _committed(cache: Any) -> Any:
     """Places a fresh cache on the device the way step outputs are placed; an
     uncommitted input would make every step shape compile a second time."""
     return jax.device_put(cache, jax.devices()[0])
-

@@ -37,9 +37,7 @@ def _filter_top_k_top_p(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -
     return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
 
-def processed_logprobs(
-    logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array
-) -> jax.Array:
+def processed_logprobs(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
     """log-softmax of logits / T after top-k/top-p masking: f32[S, V].
 
     The full-vocabulary sort only runs when some row filters, so RL sampling
@@ -47,9 +45,7 @@ def processed_logprobs(
     """
     scaled = logits.astype(jnp.float32) / effective_temperature(temperature)[:, None]
     filtering = jnp.any((top_k > 0) | (top_p < 1.0))
-    filtered = jax.lax.cond(
-        filtering, lambda s: _filter_top_k_top_p(s, top_k, top_p), lambda s: s, scaled
-    )
+    filtered = jax.lax.cond(filtering, lambda s: _filter_top_k_top_p(s, top_k, top_p), lambda s: s, scaled)
     return jax.nn.log_softmax(filtered, axis=-1)
 
 

@@ -91,9 +91,7 @@ class DeviceStep:
     def __init__(self, graphdef: nnx.GraphDef) -> None:
         self._graphdef = graphdef
         # The cache is donated: it is rewritten every step and never read again.
-        self._jitted = jax.jit(
-            _device_step, static_argnums=(0, 4, 5), donate_argnums=(2,)
-        )
+        self._jitted = jax.jit(_device_step, static_argnums=(0, 4, 5), donate_argnums=(2,))
 
     def __call__(
         self, state: nnx.State, cache: Any, inputs: StepInputs, want_top: bool, want_prompt: bool

@@ -53,7 +53,12 @@ class Checkpointer:
         )
 
     def save(
-        self, learner: Learner, *, policy_version: int, rng: jax.Array, cursor: dict[str, Any] | None = None,
+        self,
+        learner: Learner,
+        *,
+        policy_version: int,
+        rng: jax.Array,
+        cursor: dict[str, Any] | None = None,
         force: bool = False,
     ) -> bool:
         """Saves at `learner.step` when the every-K policy (or `force`) says so.

@@ -45,6 +45,7 @@ from legorl_jax.train.weight_stream import WeightStreamer
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class Batch:
     groups: list[GroupResult]
@@ -138,8 +139,13 @@ class Trainer:
     async def _evaluate(self, run: _Run) -> float:
         """Evaluates the policy the fleet serves into the run log; returns its pass rate."""
         metrics = await evaluate(
-            run.fleet, self.config, run.eval_ids, run.choices,
-            policy_version=self.version, step=self.step, rollouts=self.rollouts,
+            run.fleet,
+            self.config,
+            run.eval_ids,
+            run.choices,
+            policy_version=self.version,
+            step=self.step,
+            rollouts=self.rollouts,
         )
         run.runlog.write({"step": self.step, "kind": "eval", **metrics})
         return metrics["eval_pass_rate"]
@@ -168,13 +174,14 @@ class Trainer:
             sampler.restore(restored.cursor.get("sampler", {}))
             log.info("resumed from checkpoint at step %d (policy version %d)", self.step, self.version)
         runlog = RunLog(self.run_dir, resume_step=self.step, tensorboard=cfg.logging.tensorboard)
-        self.rollouts = RolloutLog(
-            self.run_dir, model_dir, resume_step=self.step, tokens=cfg.logging.rollout_tokens
-        )
+        self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=self.step, tokens=cfg.logging.rollout_tokens)
         weights_dir = cfg.fleet.weights_dir or self.run_dir / "weights"
         # The engines sample in the learner's compute dtype: publishing in it halves the bytes of f32 masters.
         publisher = DirectoryPublisher(
-            weights_dir, keep=3, tokenizer_from=model_dir, dtype=cfg.model.compute_dtype,
+            weights_dir,
+            keep=3,
+            tokenizer_from=model_dir,
+            dtype=cfg.model.compute_dtype,
             full_every=cfg.fleet.weights_full_every,
         )
         # Step-0 rollouts must see the learner's real weights: publish before any rollout.
@@ -185,7 +192,16 @@ class Trainer:
                 subscribers = self._subscribers(fleet)
                 await subscribers.update_weights(self.version, location)
                 run = _Run(
-                    fleet, subscribers, sampler, learner, checkpoints, publisher, runlog, rng, eval_ids, choices,
+                    fleet,
+                    subscribers,
+                    sampler,
+                    learner,
+                    checkpoints,
+                    publisher,
+                    runlog,
+                    rng,
+                    eval_ids,
+                    choices,
                     progress,
                 )
                 if self.step == 0:

@@ -127,7 +127,11 @@ def _rounded(value: float) -> float | None:
 
 class RolloutLog:
     def __init__(
-        self, run_dir: Path, tokenizer_dir: Path, *, resume_step: int,
+        self,
+        run_dir: Path,
+        tokenizer_dir: Path,
+        *,
+        resume_step: int,
         tokens: Literal["all", "train", "none"] = "all",
     ) -> None:
         from transformers import AutoTokenizer  # deferred: seconds to import
@@ -147,9 +151,7 @@ class RolloutLog:
         assert isinstance(text, str)  # one sequence in, one text out (decode is typed for batches too)
         return text
 
-    def _sequence(
-        self, seq: pb.TokenSequence, advantage: float | None, learner: np.ndarray | None
-    ) -> dict[str, Any]:
+    def _sequence(self, seq: pb.TokenSequence, advantage: float | None, learner: np.ndarray | None) -> dict[str, Any]:
         mask = list(seq.loss_mask)
         out: dict[str, Any] = {
             "spans": span_bounds(mask),
@@ -174,7 +176,11 @@ class RolloutLog:
         return out
 
     def record(
-        self, step: int, kind: str, trajectory: pb.Trajectory, advantages: list[float | None] | None = None,
+        self,
+        step: int,
+        kind: str,
+        trajectory: pb.Trajectory,
+        advantages: list[float | None] | None = None,
         learner_logprobs: list[np.ndarray | None] | None = None,
     ) -> dict[str, Any]:
         """One trajectory's line; per sequence the advantage and learner logprobs (token order; None: not trained)."""
@@ -213,7 +219,11 @@ class RolloutLog:
         }
 
     def write(
-        self, step: int, kind: str, trajectories: list[pb.Trajectory], trained: Sequence[Trained] = (),
+        self,
+        step: int,
+        kind: str,
+        trajectories: list[pb.Trajectory],
+        trained: Sequence[Trained] = (),
         learner_logprobs: Sequence[np.ndarray | None] = (),
     ) -> None:
         """Appends one line per trajectory. `trained` (the learner's sequences) gives the advantages;

@@ -61,14 +61,10 @@ def like_params(tree: Any, params: Params, shardings: Params, mesh: Mesh) -> Any
     def is_param_tree(x: Any) -> bool:
         return jax.tree.structure(x) == param_def
 
-    return jax.tree.map(
-        lambda sub: shardings if is_param_tree(sub) else replicated(mesh), tree, is_leaf=is_param_tree
-    )
+    return jax.tree.map(lambda sub: shardings if is_param_tree(sub) else replicated(mesh), tree, is_leaf=is_param_tree)
 
 
 def put_batch(arrays: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """Host arrays (identical on every process) → global arrays split by rows."""
     sharding = batch_sharding(mesh)
-    return {
-        k: jax.make_array_from_callback(v.shape, sharding, v.__getitem__) for k, v in arrays.items()
-    }
+    return {k: jax.make_array_from_callback(v.shape, sharding, v.__getitem__) for k, v in arrays.items()}

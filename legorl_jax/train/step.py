@@ -44,7 +44,14 @@ from legorl_jax.train.sharding import (
 
 Array = jax.Array
 BATCH_KEYS = (
-    "tokens", "positions", "segment_ids", "loss_mask", "behavior_logprobs", "advantages", "loss_weight", "seq_ids"
+    "tokens",
+    "positions",
+    "segment_ids",
+    "loss_mask",
+    "behavior_logprobs",
+    "advantages",
+    "loss_weight",
+    "seq_ids",
 )
 # Only in micro-batches with shared prefixes; their different pytree gives them their own trace.
 TREE_KEYS = ("kv_end", "pred_from")
@@ -101,7 +108,9 @@ class Learner:
         batch_sh = batch_sharding(mesh)  # a prefix: every array of the batch, tree rows or not
         abstract_acc = self._abstract_acc()
         self._acc_sh = {
-            "grads": self.param_sh, "loss": rep, "metrics": jax.tree.map(lambda _: rep, abstract_acc["metrics"])
+            "grads": self.param_sh,
+            "loss": rep,
+            "metrics": jax.tree.map(lambda _: rep, abstract_acc["metrics"]),
         }
         self._zero_acc = jax.jit(
             lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract_acc), out_shardings=self._acc_sh
@@ -220,8 +229,12 @@ class Learner:
         def numerator(p: Params) -> tuple[Array, tuple[dict, Array]]:
             logprobs, aux = self._logprobs(p, batch)
             inputs = PolicyInputs(
-                logprobs, batch["behavior_logprobs"], batch["advantages"], batch["loss_mask"],
-                batch["seq_ids"], batch["tokens"].shape[0] * self.max_segments,
+                logprobs,
+                batch["behavior_logprobs"],
+                batch["advantages"],
+                batch["loss_mask"],
+                batch["seq_ids"],
+                batch["tokens"].shape[0] * self.max_segments,
             )
             per_token, token_metrics = policy_loss(inputs, self.rl, ref_logprobs)
             value = jnp.sum(per_token * batch["loss_weight"])

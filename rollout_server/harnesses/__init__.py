@@ -1,9 +1,9 @@
 """Harnesses: one module per agent harness, looked up by name.
 
-    harness = get_harness("codex")                   # UnknownHarnessError lists the names
-    options = harness.parse_options(options_json)    # HarnessConfigError names the bad field
-    spec = harness.launch_spec(ctx, options)         # CliHarness: argv, env, files, workdir
-    result = await get_harness("lego").run(sandbox, ctx, options, deadline_s=...)  # InProcessHarness
+harness = get_harness("codex")                   # UnknownHarnessError lists the names
+options = harness.parse_options(options_json)    # HarnessConfigError names the bad field
+spec = harness.launch_spec(ctx, options)         # CliHarness: argv, env, files, workdir
+result = await get_harness("lego").run(sandbox, ctx, options, deadline_s=...)  # InProcessHarness
 """
 
 from __future__ import annotations

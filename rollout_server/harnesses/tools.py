@@ -68,18 +68,22 @@ class PythonVenv:
     def open(cls, venv: Path, sandbox_root: str) -> PythonVenv:
         found = sorted(venv.glob("lib/python3.*/site-packages"))
         if len(found) != 1:
-            raise SandboxError(f"sandbox.harness_tools.pip_venvs: {venv} has {len(found)} "
-                               "lib/python3.*/site-packages directories; expected one (is it a virtualenv?)")
+            raise SandboxError(
+                f"sandbox.harness_tools.pip_venvs: {venv} has {len(found)} "
+                "lib/python3.*/site-packages directories; expected one (is it a virtualenv?)"
+            )
         version = found[0].parent.name.removeprefix("python")
         cfg = venv / "pyvenv.cfg"
-        home = next((line.split("=", 1)[1].strip() for line in _lines(cfg) if line.split("=")[0].strip() == "home"),
-                    None)
+        home = next(
+            (line.split("=", 1)[1].strip() for line in _lines(cfg) if line.split("=")[0].strip() == "home"), None
+        )
         if home is None:
             raise SandboxError(f"sandbox.harness_tools.pip_venvs: {cfg} names no `home` interpreter directory")
         prefix = Path(home).resolve().parent
         if not (prefix / "bin" / f"python{version}").is_file():
-            raise SandboxError(f"sandbox.harness_tools.pip_venvs: the base of {venv} has no bin/python{version} "
-                               f"under {prefix}")
+            raise SandboxError(
+                f"sandbox.harness_tools.pip_venvs: the base of {venv} has no bin/python{version} under {prefix}"
+            )
         return cls(found[0], prefix, version, sandbox_root)
 
     def console_scripts(self) -> dict[str, str]:
@@ -95,9 +99,17 @@ class PythonVenv:
         """A sh script running one console script on the mounted interpreter (which finds libpython
         through LD_LIBRARY_PATH: pyenv builds link it by the host's absolute path)."""
         prefix, lib = f"{self.sandbox_root}/python", f"{self.sandbox_root}/python/lib"
-        argv = [f"{prefix}/bin/python{self.version}", "-I", "-S", f"{self.sandbox_root}/bin/{_RUNNER}",
-                lib, f"{self.sandbox_root}/site", entry, name]
-        return f"#!/bin/sh\nLD_LIBRARY_PATH={shlex.quote(lib)} exec {shlex.join(argv)} \"$@\"\n"
+        argv = [
+            f"{prefix}/bin/python{self.version}",
+            "-I",
+            "-S",
+            f"{self.sandbox_root}/bin/{_RUNNER}",
+            lib,
+            f"{self.sandbox_root}/site",
+            entry,
+            name,
+        ]
+        return f'#!/bin/sh\nLD_LIBRARY_PATH={shlex.quote(lib)} exec {shlex.join(argv)} "$@"\n'
 
     def write_launchers(self, out: Path) -> list[str]:
         shutil.copyfile(venv_runner.__file__, out / _RUNNER)

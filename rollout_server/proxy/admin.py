@@ -37,8 +37,12 @@ def session_urls(base_url: str, key: str) -> dict[str, str]:
 
 
 def trajectory_json(session: Session) -> dict[str, Any]:
-    return {"key": session.key, "labels": session.spec.labels, "policy_version": session.spec.policy_version,
-            **session.trajectory.to_json()}
+    return {
+        "key": session.key,
+        "labels": session.spec.labels,
+        "policy_version": session.spec.policy_version,
+        **session.trajectory.to_json(),
+    }
 
 
 def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
@@ -78,8 +82,9 @@ def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
             session = core.store.create(spec, key)
         except ValueError as exc:
             return _problem(409, str(exc))
-        return FastJSONResponse({"key": session.key, "urls": session_urls(str(request.base_url), session.key)},
-                                status_code=201)
+        return FastJSONResponse(
+            {"key": session.key, "urls": session_urls(str(request.base_url), session.key)}, status_code=201
+        )
 
     def answer_trajectory(request: Request, lookup: Callable[[str], Session | None]) -> Response:
         """The trajectory of the session `lookup` finds (reading it, or removing it) by the path's key."""

@@ -148,8 +148,9 @@ class ProxyApp:
         failure = task.exception() if done else None
         if failure is not None:
             return self._error(dialect, failure if isinstance(failure, ProxyError) else _internal(failure))
-        return _SSEStream(sse.with_keepalive(task, self.keepalive_s, events, on_error),
-                          lambda: self.core.hang_up(prepared))
+        return _SSEStream(
+            sse.with_keepalive(task, self.keepalive_s, events, on_error), lambda: self.core.hang_up(prepared)
+        )
 
     async def count_tokens(self, request: Request, dialect: Dialect, params: dict[str, str]) -> Response:
         try:
@@ -189,9 +190,11 @@ class ProxyApp:
 
     def _posts(self) -> dict[str, Endpoint]:
         """The dialects' fixed-path POST routes, at the root and under `/s/<key>`."""
+
         def call(dialect: Dialect, handler: Any) -> Endpoint:
             async def endpoint(request: Request) -> Response:
                 return await handler(request, dialect, {})
+
             return endpoint
 
         return {
@@ -223,7 +226,7 @@ class ProxyApp:
         if endpoint is not None:
             return endpoint, params
         for prefix in _GEMINI_PREFIXES:
-            target = path[len(prefix):] if path.startswith(prefix) else ""
+            target = path[len(prefix) :] if path.startswith(prefix) else ""
             if target and "/" not in target:
                 return self.gemini_call, {**params, "target": target}
         return None
@@ -250,13 +253,16 @@ class ProxyApp:
 
     def _starlette(self) -> Starlette:
         routes = self.dialect_routes()
-        return Starlette(lifespan=self.lifespan, routes=[
-            Route("/health", self.health, methods=["GET"]),
-            *admin_routes(self.core, self.admin_token),
-            Route("/s/{key}", self.probe, methods=["GET", "HEAD"]),
-            Mount("/s/{key}", routes=routes),
-            *routes,
-        ])
+        return Starlette(
+            lifespan=self.lifespan,
+            routes=[
+                Route("/health", self.health, methods=["GET"]),
+                *admin_routes(self.core, self.admin_token),
+                Route("/s/{key}", self.probe, methods=["GET", "HEAD"]),
+                Mount("/s/{key}", routes=routes),
+                *routes,
+            ],
+        )
 
     async def health(self, request: Request) -> Response:
         return FastJSONResponse({"ok": True, "sessions": len(self.core.store)})

@@ -65,7 +65,7 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
     (only `</think>` is sampled) and completions cut off inside the thought."""
     stripped = text.lstrip()
     if stripped.startswith(THINK_OPEN):
-        body = stripped[len(THINK_OPEN):]
+        body = stripped[len(THINK_OPEN) :]
         if THINK_CLOSE not in body:
             return body.strip(), ""
         reasoning, _, rest = body.partition(THINK_CLOSE)
@@ -154,7 +154,7 @@ def _llama3_json_calls(rest: str, offered: bool) -> tuple[str, list[Call]] | Non
         at = _skip_space(body, at)
         if at < len(body):
             if body[at] != ";":
-                raise ToolCallParseError(f"text after a tool call: {body[at:at + 20]!r} (calls are separated by ';')")
+                raise ToolCallParseError(f"text after a tool call: {body[at : at + 20]!r} (calls are separated by ';')")
             at = _skip_space(body, at + 1)
     if not calls:
         raise ToolCallParseError(f"no tool call after {PYTHON_TAG}")

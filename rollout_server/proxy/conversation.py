@@ -102,6 +102,8 @@ def arguments_json(arguments: dict[str, Any] | str) -> str:
 def fingerprint(content: str, tool_calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:
     """Message-level identity of an assistant turn, blind to what harnesses
     rewrite (argument whitespace and key order, surrounding whitespace, ids)."""
-    calls = [[c.name, c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments, sort_keys=True)]
-             for c in tool_calls]
+    calls = [
+        [c.name, c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments, sort_keys=True)]
+        for c in tool_calls
+    ]
     return json.dumps([content.strip(), calls])

@@ -50,10 +50,15 @@ class CompletionParams:
         return dict(vars(self))
 
     def as_kwargs(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "max_tokens": self.max_tokens, "stop_token_ids": list(self.stop_token_ids),
-                # 0: the prompt token's own logprob, no alternatives (vLLM's convention).
-                "prompt_logprobs": 0 if self.prompt_logprobs else None}
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_tokens": self.max_tokens,
+            "stop_token_ids": list(self.stop_token_ids),
+            # 0: the prompt token's own logprob, no alternatives (vLLM's convention).
+            "prompt_logprobs": 0 if self.prompt_logprobs else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,9 @@ class ProxyEngineClient:
     `unit_temperature_prompt_logprobs` marks an engine that computes prompt
     logprobs at temperature 1 whatever the request says (vLLM)."""
 
-    def __init__(self, base_url: str, model: str, *, timeout_s: float = 3600.0,
-                 unit_temperature_prompt_logprobs: bool = False) -> None:
+    def __init__(
+        self, base_url: str, model: str, *, timeout_s: float = 3600.0, unit_temperature_prompt_logprobs: bool = False
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
@@ -82,8 +88,9 @@ class ProxyEngineClient:
         where this engine computes them at another: recomputed logprobs must
         match the ones the sampled tokens were drawn with."""
         try:
-            check_prompt_logprobs({"temperature": temperature, "prompt_logprobs": 0},
-                                  self.unit_temperature_prompt_logprobs)
+            check_prompt_logprobs(
+                {"temperature": temperature, "prompt_logprobs": 0}, self.unit_temperature_prompt_logprobs
+            )
         except EngineError as exc:
             raise invalid(f"recompute_logprobs at sampling.temperature {temperature}: {exc.message}") from None
 
@@ -100,7 +107,9 @@ class ProxyEngineClient:
         if sampling.prompt_logprobs:
             self.check_recompute(sampling.temperature)
         body = completion_body(
-            prompt_ids, self.model, **sampling.as_kwargs(),
+            prompt_ids,
+            self.model,
+            **sampling.as_kwargs(),
             # Ids also as logprob tokens, for engines without return_token_ids.
             return_tokens_as_token_ids=True,
         )
@@ -117,10 +126,16 @@ class ProxyEngineClient:
             raise ProxyError("engine_unavailable", "inference engine sent a non-finite logprob for a sampled token")
         prompt = choice.prompt_logprobs if sampling.prompt_logprobs else None
         if prompt is not None and len(prompt) != len(prompt_ids):
-            raise ProxyError("engine_unavailable",
-                             f"inference engine sent {len(prompt)} prompt logprobs for {len(prompt_ids)} prompt tokens")
-        return EngineCompletion(tuple(choice.token_ids), tuple(choice.logprobs), choice.finish_reason or "stop",
-                                None if prompt is None else tuple(prompt))
+            raise ProxyError(
+                "engine_unavailable",
+                f"inference engine sent {len(prompt)} prompt logprobs for {len(prompt_ids)} prompt tokens",
+            )
+        return EngineCompletion(
+            tuple(choice.token_ids),
+            tuple(choice.logprobs),
+            choice.finish_reason or "stop",
+            None if prompt is None else tuple(prompt),
+        )
 
     async def aclose(self) -> None:
         await self._transport.aclose()

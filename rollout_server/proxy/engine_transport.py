@@ -138,7 +138,10 @@ class EngineTransport:
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
         try:
             _, conn = await loop.create_connection(
-                _Connection, self.host, self.port, ssl=self._ssl,
+                _Connection,
+                self.host,
+                self.port,
+                ssl=self._ssl,
                 server_hostname=self.host if self._ssl is not None else None,
             )
         except OSError as exc:
@@ -149,8 +152,16 @@ class EngineTransport:
         """(status, body) of `POST path`; EngineConnectionError or
         TimeoutError when no complete response came back."""
         loop = asyncio.get_running_loop()
-        request = (b"POST " + (self.prefix + path).encode() + b" HTTP/1.1\r\n" + self._head
-                   + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        request = (
+            b"POST "
+            + (self.prefix + path).encode()
+            + b" HTTP/1.1\r\n"
+            + self._head
+            + b"Content-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
         conn: _Connection | None = None
         try:
             async with asyncio.timeout(timeout_s):

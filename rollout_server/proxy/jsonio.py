@@ -52,7 +52,7 @@ def loads(raw: bytes) -> Any:
     except json.JSONDecodeError:
         raise
     except UnicodeEncodeError as exc:
-        raise ValueError(f"a lone surrogate ({exc.object[exc.start:exc.end]!r}) is no Unicode character") from None
+        raise ValueError(f"a lone surrogate ({exc.object[exc.start : exc.end]!r}) is no Unicode character") from None
     except ValueError:  # int() past its digit limit
         raise ValueError(f"an integer has more than {sys.get_int_max_str_digits()} digits") from None
     except RecursionError:

@@ -26,8 +26,9 @@ class ItemMemo:
     parsed: list[list[Message]] = field(default_factory=list)
 
 
-def parse_items(items: list[Any], where: str, parse_one: Callable[[Any, str], list[Message]],
-                memo: ItemMemo | None) -> list[Message]:
+def parse_items(
+    items: list[Any], where: str, parse_one: Callable[[Any, str], list[Message]], memo: ItemMemo | None
+) -> list[Message]:
     """The messages of a conversation's items, each item parsed by
     `parse_one(item, "<where>[i]")` (a function of the item alone) unless it
     is the same as the memo's item at its place. "Same" is `==` and the same

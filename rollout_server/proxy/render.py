@@ -73,20 +73,36 @@ def _probe_turn(i: int) -> dict[str, Any]:
 
 # What a template is checked on when loaded: every message kind, sentinel turns numbered by position.
 _PROBE: list[dict[str, Any]] = [
-    {"role": "system", "content": "s"}, {"role": "user", "content": "u"}, _probe_turn(2),
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    _probe_turn(2),
     {"role": "tool", "content": "r1", "tool_call_id": "a", "name": "f"},
     {"role": "tool", "content": "r2", "tool_call_id": "b", "name": "f"},
-    _probe_turn(5), {"role": "user", "content": "<tool_response>\nx\n</tool_response>"}, _probe_turn(7),
-    {"role": "user", "content": "next"}, _probe_turn(9), {"role": "tool", "content": "r3", "tool_call_id": "c"},
+    _probe_turn(5),
+    {"role": "user", "content": "<tool_response>\nx\n</tool_response>"},
+    _probe_turn(7),
+    {"role": "user", "content": "next"},
+    _probe_turn(9),
+    {"role": "tool", "content": "r3", "tool_call_id": "c"},
 ]
-_PROBE_TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {
-    "type": "object", "properties": {"a": {"type": "string"}}}}}]
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "description": "d",
+            "parameters": {"type": "object", "properties": {"a": {"type": "string"}}},
+        },
+    }
+]
 
 
 # How to give the proxy another chat template (a Jinja file), as vLLM's --chat-template does.
 TEMPLATE_OVERRIDE = "`legorl proxy --chat-template FILE`, or `proxy.chat_template: FILE` in the config"
-NO_TOOLS = ("the request offers tools, but the model's chat template renders none, so the model would never see "
-            f"them; give the proxy a chat template that renders tools: {TEMPLATE_OVERRIDE}")
+NO_TOOLS = (
+    "the request offers tools, but the model's chat template renders none, so the model would never see "
+    f"them; give the proxy a chat template that renders tools: {TEMPLATE_OVERRIDE}"
+)
 
 
 def _unusable(problem: str) -> ValueError:
@@ -168,8 +184,9 @@ class ChatTemplate:
             base = [{"role": "user", "content": "x"}]
             self.renders_tools = self._apply(base, _PROBE_TOOLS, True, True) != self._apply(base, None, True, True)
         except (TemplateError, TypeError) as exc:  # e.g. a template that refuses tool messages
-            raise _unusable(f"it cannot render a conversation of system, user, assistant and tool messages "
-                            f"with a tool: {exc}") from exc
+            raise _unusable(
+                f"it cannot render a conversation of system, user, assistant and tool messages with a tool: {exc}"
+            ) from exc
         # Whether a memo can be extended, and whether that render needs the tools, and the system message.
         self.incremental, self._suffix_without_tools, self._suffix_without_system = self._local_suffixes()
         self._prompts_extend = self.incremental and self._holds(self._prompt_prefixes_stay)
@@ -182,12 +199,12 @@ class ChatTemplate:
         without = self._apply(base, None, False, True)
         if not with_prompt.startswith(without) or with_prompt == without:
             raise _unusable("its generation prompt does not extend the rendered conversation")
-        header = with_prompt[len(without):]
+        header = with_prompt[len(without) :]
         sentinel = _SENTINEL.format(0)
         turn = self._apply([*base, {"role": "assistant", "content": sentinel}], None, False, True)
         if header not in turn[: turn.find(sentinel)]:
             raise _unusable(f"its assistant turns do not start with the generation prompt {header!r}")
-        after = turn[turn.find(sentinel) + len(sentinel):]
+        after = turn[turn.find(sentinel) + len(sentinel) :]
         end_ids = self.tokenizer.encode(after, add_special_tokens=False)
         end_text = self.tokenizer.decode(end_ids[:1])
         if not end_ids or not after.startswith(end_text) or end_ids[0] not in self.tokenizer.all_special_ids:
@@ -200,7 +217,8 @@ class ChatTemplate:
         the turn end (None when it cannot render one)."""
         call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": "v"}}}
         messages: list[dict[str, Any]] = [
-            {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
         ]
         try:
             text = self._apply(messages, _PROBE_TOOLS, False, True)
@@ -208,7 +226,7 @@ class ChatTemplate:
             return None
         start = text.rfind(self.header)
         end = text.find(self.turn_end_text, start) if start >= 0 else -1
-        return None if end < 0 else text[start + len(self.header):end]
+        return None if end < 0 else text[start + len(self.header) : end]
 
     def _check_added_tokens(self) -> None:
         """That the tokenizer matches added tokens in text as `_encode_spelled`
@@ -222,11 +240,19 @@ class ChatTemplate:
         if any(i in spelled for i in self._added_ids.values()):
             raise ValueError("tokenizer: added tokens are still matched when encoding text without them")
 
-    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               add_generation_prompt: bool, enable_thinking: bool) -> str:
+    def _apply(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        enable_thinking: bool,
+    ) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt,
-            enable_thinking=enable_thinking, tokenize=False,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+            tokenize=False,
         )
 
     def _turn_end(self, text: str, position: int) -> int:
@@ -246,6 +272,7 @@ class ChatTemplate:
         does so without the tools too (a long tool list is most of the
         template's work); and whether also without the system message (one
         message less to render on every call)."""
+
         def same(reduced_tools: list[dict[str, Any]] | None, keep_system: bool) -> Callable[..., bool]:
             def check(base: list[dict[str, Any]], offset: int, thinking: bool, full: str) -> bool:
                 head = base[:1] if keep_system and base[0]["role"] == "system" else []
@@ -255,6 +282,7 @@ class ChatTemplate:
                     if after is None or after != self._after_turn(reduced, k + offset):
                         return False
                 return True
+
             return check
 
         local, without_tools = self._holds(same(_PROBE_TOOLS, True)), self._holds(same(None, True))
@@ -270,7 +298,7 @@ class ChatTemplate:
                 prompt = self._apply(base[:k], tools, True, thinking)
                 at = text.find(_SENTINEL.format(k + offset))
                 header = text.rfind(self.header, 0, at)
-                if at < 0 or header < 0 or prompt[:prompt.rfind(self.header)] != text[:header]:
+                if at < 0 or header < 0 or prompt[: prompt.rfind(self.header)] != text[:header]:
                     return False
         return True
 
@@ -305,7 +333,7 @@ class ChatTemplate:
         ids: list[int] = []
         at = 0
         for match in self._added.finditer(text):
-            ids += self._encode_text(self._respell(text[at:match.start()]))
+            ids += self._encode_text(self._respell(text[at : match.start()]))
             ids.append(self._added_ids[match.group()])
             at = match.end()
         ids += self._encode_text(self._respell(text[at:]))
@@ -352,8 +380,13 @@ class ChatTemplate:
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
         return self._decode(list(ids))
 
-    def render(self, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool,
-               memo: PrefixMemo | None = None) -> Prompt:
+    def render(
+        self,
+        request: ChatRequest,
+        matched: dict[int, SampledTurn],
+        enable_thinking: bool,
+        memo: PrefixMemo | None = None,
+    ) -> Prompt:
         """Prompt ids for `request`; `matched` maps message positions to the
         stored turns they were matched to. With a `memo` (one per session),
         a conversation that extends the last one renders only its new part;
@@ -364,18 +397,34 @@ class ChatTemplate:
             raise invalid(NO_TOOLS)
         assistants = sum(m.role == "assistant" for m in request.messages)
         all_reused = assistants == len(matched)
-        spliced = self._incremental(request, matched, enable_thinking, memo) if all_reused and memo is not None else None
+        spliced = (
+            self._incremental(request, matched, enable_thinking, memo) if all_reused and memo is not None else None
+        )
         incremental = spliced is not None
         if spliced is None:
-            spliced = self._splice(self._text(request.messages, matched, request.tools, enable_thinking),
-                                   sorted(matched), matched, 0, [], [])
+            spliced = self._splice(
+                self._text(request.messages, matched, request.tools, enable_thinking),
+                sorted(matched),
+                matched,
+                0,
+                [],
+                [],
+            )
         if memo is not None:
             _remember(memo, request, matched, enable_thinking, spliced, all_reused)
-        return Prompt(spliced.ids, spliced.gen_tail, len(matched), assistants - len(matched),
-                      tuple(spliced.spans), incremental)
+        return Prompt(
+            spliced.ids, spliced.gen_tail, len(matched), assistants - len(matched), tuple(spliced.spans), incremental
+        )
 
-    def remember_sampled(self, memo: PrefixMemo, request: ChatRequest, matched: dict[int, SampledTurn],
-                         enable_thinking: bool, prompt: Prompt, turn: SampledTurn) -> None:
+    def remember_sampled(
+        self,
+        memo: PrefixMemo,
+        request: ChatRequest,
+        matched: dict[int, SampledTurn],
+        enable_thinking: bool,
+        prompt: Prompt,
+        turn: SampledTurn,
+    ) -> None:
         """Moves the memo on to `turn`, sampled for `prompt` (`request`
         rendered with `matched`): the next call's messages extend this one's
         by that turn and what the harness adds after it."""
@@ -389,13 +438,18 @@ class ChatTemplate:
         memo.ids = (*prompt.ids[:start], *turn.ids)
         memo.valid = True
 
-    def _incremental(self, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool,
-                     memo: PrefixMemo) -> _Spliced | None:
+    def _incremental(
+        self, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool, memo: PrefixMemo
+    ) -> _Spliced | None:
         k = len(memo.messages)  # the memo's last turn; its message renders as a sentinel, whatever it says
-        if not (self.incremental and memo.valid and memo.enable_thinking == enable_thinking
-                and memo.tools == request.tools
-                and {i: t.index for i, t in matched.items() if i <= k} == memo.turns
-                and request.messages[:k] == memo.messages):
+        if not (
+            self.incremental
+            and memo.valid
+            and memo.enable_thinking == enable_thinking
+            and memo.tools == request.tools
+            and {i: t.index for i, t in matched.items() if i <= k} == memo.turns
+            and request.messages[:k] == memo.messages
+        ):
             return None
         system = request.messages[0].role == "system" and not self._suffix_without_system
         head = [request.messages[0]] if system else []
@@ -403,8 +457,9 @@ class ChatTemplate:
         shift = k - len(head)  # reduced position + shift = position in the request
         reduced_matched = {i - shift: t for i, t in matched.items() if i >= k}
         try:
-            text = self._text(reduced, reduced_matched, [] if self._suffix_without_tools else request.tools,
-                              enable_thinking)
+            text = self._text(
+                reduced, reduced_matched, [] if self._suffix_without_tools else request.tools, enable_thinking
+            )
         except ProxyError:
             return None  # e.g. a template that wants a user message first: render in full
         cursor = self._turn_end(text, k - shift)
@@ -413,15 +468,22 @@ class ChatTemplate:
         later = sorted(i for i in reduced_matched if i > k - shift)
         return self._splice(text, later, reduced_matched, cursor, list(memo.ids), list(memo.spans), shift)
 
-    def _text(self, messages: list[Message], matched: dict[int, SampledTurn], tools: list[ToolSpec],
-              enable_thinking: bool) -> str:
+    def _text(
+        self, messages: list[Message], matched: dict[int, SampledTurn], tools: list[ToolSpec], enable_thinking: bool
+    ) -> str:
         hf_messages = [
             {"role": "assistant", "content": _SENTINEL.format(i)} if i in matched else self._hf_message(m)
             for i, m in enumerate(messages)
         ]
         hf_tools = [
-            {"type": "function", "function": {"name": self._defuse(t.name), "description": self._defuse(t.description),
-                                              "parameters": self._defused(t.parameters)}}
+            {
+                "type": "function",
+                "function": {
+                    "name": self._defuse(t.name),
+                    "description": self._defuse(t.description),
+                    "parameters": self._defused(t.parameters),
+                },
+            }
             for t in tools
         ] or None
         try:
@@ -437,8 +499,11 @@ class ChatTemplate:
                 out["reasoning_content"] = defuse(message.reasoning)
             if message.tool_calls:
                 out["tool_calls"] = [
-                    {"id": defuse(c.id), "type": "function",
-                     "function": {"name": defuse(c.name), "arguments": self._defused(c.arguments)}}
+                    {
+                        "id": defuse(c.id),
+                        "type": "function",
+                        "function": {"name": defuse(c.name), "arguments": self._defused(c.arguments)},
+                    }
                     for c in message.tool_calls
                 ]
         elif message.role == "tool":
@@ -447,8 +512,16 @@ class ChatTemplate:
                 out["name"] = defuse(message.name)
         return out
 
-    def _splice(self, text: str, positions: list[int], matched: dict[int, SampledTurn], cursor: int,
-                ids: list[int], spans: list[tuple[int, SampledTurn]], shift: int = 0) -> _Spliced:
+    def _splice(
+        self,
+        text: str,
+        positions: list[int],
+        matched: dict[int, SampledTurn],
+        cursor: int,
+        ids: list[int],
+        spans: list[tuple[int, SampledTurn]],
+        shift: int = 0,
+    ) -> _Spliced:
         """Cuts `text` from `cursor` at the sentinel turns in `positions`,
         appending to `ids` the text pieces' ids and the turns' stored ids."""
         stable = len(ids) if spans else 0
@@ -459,7 +532,7 @@ class ChatTemplate:
             end = text.find(self.turn_end_text, at + len(sentinel)) if at >= 0 else -1
             if start < 0 or end < 0:
                 raise ProxyError("invalid_request", f"message {i + shift}: the chat template dropped an assistant turn")
-            ids += self.encode(text[cursor:start + len(self.header)])
+            ids += self.encode(text[cursor : start + len(self.header)])
             spans.append((len(ids), matched[i]))
             ids += matched[i].ids
             stable = len(ids)
@@ -467,8 +540,8 @@ class ChatTemplate:
         last = text.rfind(self.header, cursor)
         if last < 0:
             raise invalid("the chat template did not end the prompt with an assistant header")
-        ids += self.encode(text[cursor:last + len(self.header)])
-        gen_tail = list(self.encode(text[last + len(self.header):]))
+        ids += self.encode(text[cursor : last + len(self.header)])
+        gen_tail = list(self.encode(text[last + len(self.header) :]))
         return _Spliced(ids + gen_tail, gen_tail, spans, stable)
 
 
@@ -486,9 +559,11 @@ def _codec(tokenizer: Any) -> tuple[_Encode, _Encode, Callable[[list[int]], str]
     end is no special token.)"""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # a tokenizer without a Rust one (sentencepiece, tiktoken)
-        return (lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)),
-                lambda text: tuple(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)),
-                lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
+        return (
+            lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)),
+            lambda text: tuple(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)),
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+        )
     from tokenizers import Tokenizer
 
     text_only = Tokenizer(backend.model)
@@ -497,8 +572,11 @@ def _codec(tokenizer: Any) -> tuple[_Encode, _Encode, Callable[[list[int]], str]
         decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
     else:
         decode = lambda ids: backend.decode(ids, skip_special_tokens=False)  # noqa: E731
-    return (lambda text: tuple(backend.encode_batch_fast([text], add_special_tokens=False)[0].ids),
-            lambda text: tuple(text_only.encode_batch_fast([text], add_special_tokens=False)[0].ids), decode)
+    return (
+        lambda text: tuple(backend.encode_batch_fast([text], add_special_tokens=False)[0].ids),
+        lambda text: tuple(text_only.encode_batch_fast([text], add_special_tokens=False)[0].ids),
+        decode,
+    )
 
 
 class _EncodeCache:
@@ -534,8 +612,14 @@ def _cost(text: str, ids: tuple[int, ...]) -> int:
     return sys.getsizeof(text) + _ID_BYTES * len(ids)
 
 
-def _remember(memo: PrefixMemo, request: ChatRequest, matched: dict[int, SampledTurn], enable_thinking: bool,
-              spliced: _Spliced, all_reused: bool) -> None:
+def _remember(
+    memo: PrefixMemo,
+    request: ChatRequest,
+    matched: dict[int, SampledTurn],
+    enable_thinking: bool,
+    spliced: _Spliced,
+    all_reused: bool,
+) -> None:
     """Keeps the render up to its last reused turn, when every assistant turn
     was reused (a turn re-rendered from text may render differently later)."""
     memo.valid = all_reused and bool(matched)
@@ -546,4 +630,4 @@ def _remember(memo: PrefixMemo, request: ChatRequest, matched: dict[int, Sampled
     memo.messages = request.messages[:k]
     memo.turns = {i: t.index for i, t in matched.items()}
     memo.spans = tuple(spliced.spans)
-    memo.ids = tuple(spliced.ids[:spliced.stable])
+    memo.ids = tuple(spliced.ids[: spliced.stable])

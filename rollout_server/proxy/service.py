@@ -41,8 +41,15 @@ class PreparedCall:
 
 
 class ProxyCore:
-    def __init__(self, template: ChatTemplate, engine: ProxyEngineClient, store: SessionStore, *,
-                 max_context: int, tool_call_format: ToolCallFormat = "hermes") -> None:
+    def __init__(
+        self,
+        template: ChatTemplate,
+        engine: ProxyEngineClient,
+        store: SessionStore,
+        *,
+        max_context: int,
+        tool_call_format: ToolCallFormat = "hermes",
+    ) -> None:
         self.template = template
         self.engine = engine
         self.store = store
@@ -69,13 +76,17 @@ class ProxyCore:
         room = self.max_context - len(prompt.ids)
         if room < 1:
             raise ProxyError(
-                "prompt_too_long", f"prompt is too long: {len(prompt.ids)} tokens > {self.max_context - 1} maximum",
-                prompt_tokens=len(prompt.ids), max_context=self.max_context,
+                "prompt_too_long",
+                f"prompt is too long: {len(prompt.ids)} tokens > {self.max_context - 1} maximum",
+                prompt_tokens=len(prompt.ids),
+                max_context=self.max_context,
             )
         cfg = session.spec.sampling
         asked = request.max_tokens if request.max_tokens and request.max_tokens > 0 else cfg.max_tokens
         sampling = CompletionParams(
-            temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
             max_tokens=min(asked, cfg.max_tokens, room),
             stop_token_ids=(self.template.turn_end_id,),
         )
@@ -97,7 +108,9 @@ class ProxyCore:
         body = ids[:-1] if ids and ids[-1] == end_id else ids
         closing = [] if ids and ids[-1] == end_id else [end_id]
         output = parse_completion(
-            self.template.decode(body), self.tool_call_format, call.request.tools,
+            self.template.decode(body),
+            self.tool_call_format,
+            call.request.tools,
             lambda: call.id_prefix + secrets.token_hex(12),
         )
         retrained = _reused_sampled(call.prompt, completion.prompt_logprobs)
@@ -105,8 +118,11 @@ class ProxyCore:
         # session's other calls on this event loop.
         version = session.spec.policy_version
         seq, merged = session.trajectory.place(
-            call.prompt.ids, call.request.root_key(), has_tools=bool(call.request.tools),
-            has_history=any(m.role == "assistant" for m in call.request.messages), policy_version=version,
+            call.prompt.ids,
+            call.request.root_key(),
+            has_tools=bool(call.request.tools),
+            has_history=any(m.role == "assistant" for m in call.request.messages),
+            policy_version=version,
         )
         seq.extend(ids, [1] * len(ids), completion.logprobs)
         seq.extend(closing, [0] * len(closing), [0.0] * len(closing))
@@ -114,25 +130,38 @@ class ProxyCore:
             seq.train_on(*retrained)
         tail = call.prompt.gen_tail
         turn = SampledTurn(
-            len(session.turns), tuple(tail + ids + closing),
+            len(session.turns),
+            tuple(tail + ids + closing),
             tuple([0] * len(tail) + [1] * len(ids) + [0] * len(closing)),
-            tuple([0.0] * len(tail) + list(completion.logprobs) + [0.0] * len(closing)), output,
+            tuple([0.0] * len(tail) + list(completion.logprobs) + [0.0] * len(closing)),
+            output,
         )
         session.add_turn(turn)
-        self.template.remember_sampled(session.prefix, call.request, call.matched, call.enable_thinking,
-                                       call.prompt, turn)
+        self.template.remember_sampled(
+            session.prefix, call.request, call.matched, call.enable_thinking, call.prompt, turn
+        )
         index = len(session.trajectory.calls)
         seq.calls.append(index)
         call.record = CallRecord(
-            index=index, dialect=call.dialect, stream=call.request.stream, sequence=seq.index,
+            index=index,
+            dialect=call.dialect,
+            stream=call.request.stream,
+            sequence=seq.index,
             merged=merged,
-            prompt_tokens=len(call.prompt.ids), completion_tokens=len(ids),
-            finish_reason=completion.finish_reason, tool_calls=len(output.tool_calls),
-            parse_error=output.parse_error, reused_turns=call.prompt.reused_turns,
-            unmatched_turns=call.prompt.unmatched_turns, sampling=sampling.record(),
-            policy_version=version, engine_latency_s=engine_latency,
-            incremental_render=call.prompt.incremental, recomputed_tokens=0 if merged else len(retrained[0]),
-            latency_s=time.perf_counter() - call.started, client_disconnected=call.hung_up,
+            prompt_tokens=len(call.prompt.ids),
+            completion_tokens=len(ids),
+            finish_reason=completion.finish_reason,
+            tool_calls=len(output.tool_calls),
+            parse_error=output.parse_error,
+            reused_turns=call.prompt.reused_turns,
+            unmatched_turns=call.prompt.unmatched_turns,
+            sampling=sampling.record(),
+            policy_version=version,
+            engine_latency_s=engine_latency,
+            incremental_render=call.prompt.incremental,
+            recomputed_tokens=0 if merged else len(retrained[0]),
+            latency_s=time.perf_counter() - call.started,
+            client_disconnected=call.hung_up,
         )
         session.trajectory.calls.append(call.record)
         return TurnResult(output, completion.finish_reason, len(call.prompt.ids), len(ids), index)
@@ -142,8 +171,11 @@ class ProxyCore:
         """Prompt logprobs are worth asking for when the session wants them and
         the call opens a new sequence (history rewritten) that still reuses
         sampled turns: those tokens can then be trained in it."""
-        return (session.spec.recompute_logprobs and bool(prompt.reused_spans)
-                and session.trajectory.extendable(prompt.ids) is None)
+        return (
+            session.spec.recompute_logprobs
+            and bool(prompt.reused_spans)
+            and session.trajectory.extendable(prompt.ids) is None
+        )
 
     def finish(self, call: PreparedCall) -> None:
         """Stamps the end-to-end latency once the answer is rendered."""
@@ -191,14 +223,23 @@ def load_template(model_dir: str | Path, config: ProxyConfig) -> ChatTemplate:
     template = ChatTemplate(tokenizer)
     source = config.chat_template or f"the tokenizer of {model_dir}"
     if not template.renders_tools:
-        log.warning("the chat template of %s renders no tools: requests that offer tools will be refused (400); "
-                    "give the proxy one that renders tools: %s", source, TEMPLATE_OVERRIDE)
+        log.warning(
+            "the chat template of %s renders no tools: requests that offer tools will be refused (400); "
+            "give the proxy one that renders tools: %s",
+            source,
+            TEMPLATE_OVERRIDE,
+        )
     elif (text := template.call_text()) is not None and not _reads_call(text, config.tool_call_format):
         # The model learnt its calls from this template: a parser that cannot read them takes them for prose.
         readers = [fmt for fmt in get_args(ToolCallFormat) if _reads_call(text, fmt)]
-        log.warning("the chat template of %s writes tool calls as %r, which proxy.tool_call_format %r does not "
-                    "read: the model's calls would reach the harness as text%s", source, text,
-                    config.tool_call_format, f"; {' or '.join(readers)} does" if readers else "")
+        log.warning(
+            "the chat template of %s writes tool calls as %r, which proxy.tool_call_format %r does not "
+            "read: the model's calls would reach the harness as text%s",
+            source,
+            text,
+            config.tool_call_format,
+            f"; {' or '.join(readers)} does" if readers else "",
+        )
     return template
 
 
@@ -208,9 +249,16 @@ def _reads_call(text: str, fmt: ToolCallFormat) -> bool:
     return [(c.name, c.arguments) for c in output.tool_calls] == [("f", {"a": "v"})]
 
 
-def build_core(model_dir: str | Path, engine_url: str, *, served_model: str, max_context: int,
-               config: ProxyConfig | None = None, template: ChatTemplate | None = None,
-               unit_temperature_prompt_logprobs: bool = True) -> ProxyCore:
+def build_core(
+    model_dir: str | Path,
+    engine_url: str,
+    *,
+    served_model: str,
+    max_context: int,
+    config: ProxyConfig | None = None,
+    template: ChatTemplate | None = None,
+    unit_temperature_prompt_logprobs: bool = True,
+) -> ProxyCore:
     """A proxy core for the model in `model_dir` (its tokenizer and chat
     template, unless `template` is given, loaded already) in front of the
     engine at `engine_url`, with the config's caps as every session's default.
@@ -218,7 +266,13 @@ def build_core(model_dir: str | Path, engine_url: str, *, served_model: str, max
     `unit_temperature_prompt_logprobs` says otherwise."""
     cfg = config or ProxyConfig()
     store = SessionStore(cfg.session_caps())
-    engine = ProxyEngineClient(engine_url, served_model,
-                               unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs)
-    return ProxyCore(template or load_template(model_dir, cfg), engine, store,
-                     max_context=max_context, tool_call_format=cfg.tool_call_format)
+    engine = ProxyEngineClient(
+        engine_url, served_model, unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs
+    )
+    return ProxyCore(
+        template or load_template(model_dir, cfg),
+        engine,
+        store,
+        max_context=max_context,
+        tool_call_format=cfg.tool_call_format,
+    )

@@ -31,7 +31,8 @@ class SessionSpec(BaseModel):
         None, description="Chat-template thinking flag; None follows the harness's request (on when it is silent)."
     )
     recompute_logprobs: bool = Field(
-        False, description="When a call's history was rewritten (a new sequence that reuses sampled turns), also "
+        False,
+        description="When a call's history was rewritten (a new sequence that reuses sampled turns), also "
         "ask the engine for the prompt's logprobs, so the reused sampled tokens are trained in the new sequence.",
     )
 

@@ -35,8 +35,12 @@ class CapturedSequence:
     behavior_logprobs: list[float] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)
 
-    def extend(self, ids: list[int] | tuple[int, ...], mask: list[int] | tuple[int, ...],
-               logprobs: list[float] | tuple[float, ...]) -> None:
+    def extend(
+        self,
+        ids: list[int] | tuple[int, ...],
+        mask: list[int] | tuple[int, ...],
+        logprobs: list[float] | tuple[float, ...],
+    ) -> None:
         self.token_ids.extend(ids)
         self.loss_mask.extend(mask)
         self.behavior_logprobs.extend(logprobs)
@@ -105,14 +109,18 @@ class CapturedTrajectory:
             return "first_call"
         return "history_rewritten" if seq.has_history else "restart"
 
-    def place(self, prompt: list[int], root_key: str, *, has_tools: bool, has_history: bool,
-              policy_version: int) -> tuple[CapturedSequence, bool]:
+    def place(
+        self, prompt: list[int], root_key: str, *, has_tools: bool, has_history: bool, policy_version: int
+    ) -> tuple[CapturedSequence, bool]:
         """The sequence a call with this prompt belongs to (opened if none
         extends), with its prompt ids appended; and whether it merged."""
         seq = self.extendable(prompt)
         if seq is not None:
-            seq.extend(prompt[len(seq.token_ids):], [0] * (len(prompt) - len(seq.token_ids)),
-                       [0.0] * (len(prompt) - len(seq.token_ids)))
+            seq.extend(
+                prompt[len(seq.token_ids) :],
+                [0] * (len(prompt) - len(seq.token_ids)),
+                [0.0] * (len(prompt) - len(seq.token_ids)),
+            )
             seq.policy_version = min(seq.policy_version, policy_version)
             return seq, True
         seq = CapturedSequence(len(self.sequences), root_key, has_tools, has_history, policy_version)
@@ -127,8 +135,11 @@ class CapturedTrajectory:
 
     def _call_json(self, call: CallRecord) -> dict[str, Any]:
         seq = self.sequences[call.sequence]
-        return {**asdict(call), "root_reason": None if call.merged else self.root_reason(seq),
-                "side": self.is_side(seq)}
+        return {
+            **asdict(call),
+            "root_reason": None if call.merged else self.root_reason(seq),
+            "side": self.is_side(seq),
+        }
 
     def metrics(self) -> dict[str, Any]:
         calls = len(self.calls)

@@ -169,8 +169,11 @@ class DockerSandbox:
                     )
                 elif refusal not in _warned:
                     _warned.add(refusal)
-                    log.warning("running tasks with storage_mb WITHOUT a disk limit "
-                                "(sandbox.unenforceable_storage: ignore): this Docker daemon %s", refusal)
+                    log.warning(
+                        "running tasks with storage_mb WITHOUT a disk limit "
+                        "(sandbox.unenforceable_storage: ignore): this Docker daemon %s",
+                        refusal,
+                    )
             self._deadline = time.time() + self.spec.wall_clock_s
             self._container = self._client.containers.run(
                 image_id,

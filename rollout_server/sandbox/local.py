@@ -71,8 +71,20 @@ def _unprivileged_bwrap_works() -> bool:
     bwrap, setpriv = bwrap_path(), shutil.which("setpriv")
     if os.geteuid() != 0 or bwrap is None or setpriv is None:
         return False
-    argv = [setpriv, f"--reuid={_AGENT_UID_BASE}", f"--regid={_AGENT_UID_BASE}", "--clear-groups", "--",
-            bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"]
+    argv = [
+        setpriv,
+        f"--reuid={_AGENT_UID_BASE}",
+        f"--regid={_AGENT_UID_BASE}",
+        "--clear-groups",
+        "--",
+        bwrap,
+        "--unshare-user",
+        "--unshare-net",
+        "--ro-bind",
+        "/",
+        "/",
+        "true",
+    ]
     works = subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
     if not works:
         log.warning("bubblewrap cannot run as an unprivileged uid here: local-sandbox agents run as root")
@@ -113,7 +125,12 @@ def _limits(spec: SandboxSpec) -> list[str]:
     if prlimit is None:
         raise SandboxError("the local sandbox needs prlimit (util-linux) to set resource limits")
     return [
-        prlimit, f"--as={memory}", f"--cpu={cpu_seconds}", f"--nproc={spec.pids_limit}", "--core=0", "--",
+        prlimit,
+        f"--as={memory}",
+        f"--cpu={cpu_seconds}",
+        f"--nproc={spec.pids_limit}",
+        "--core=0",
+        "--",
     ]
 
 
@@ -214,16 +231,22 @@ class LocalSandbox:
         image = self._root / "disk.img"
         with image.open("wb") as fh:
             fh.truncate(size_mb << 20)
-        for argv in (["mkfs.ext4", "-q", "-F", "-m", "0", str(image)],
-                     ["mount", "-o", "loop,nosuid,nodev", str(image), str(fs)]):
+        for argv in (
+            ["mkfs.ext4", "-q", "-F", "-m", "0", str(image)],
+            ["mount", "-o", "loop,nosuid,nodev", str(image), str(fs)],
+        ):
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
             except (OSError, subprocess.TimeoutExpired) as exc:
-                raise SandboxError(f"the task sets environment.storage_mb, which the local sandbox "
-                                   f"enforces with a loop mount: {argv[0]} failed: {exc}") from exc
+                raise SandboxError(
+                    f"the task sets environment.storage_mb, which the local sandbox "
+                    f"enforces with a loop mount: {argv[0]} failed: {exc}"
+                ) from exc
             if proc.returncode != 0:
-                raise SandboxError(f"the task sets environment.storage_mb, which the local sandbox enforces "
-                                   f"with a loop mount (root only): {argv[0]} failed: {proc.stderr.strip()}")
+                raise SandboxError(
+                    f"the task sets environment.storage_mb, which the local sandbox enforces "
+                    f"with a loop mount (root only): {argv[0]} failed: {proc.stderr.strip()}"
+                )
         self._disk = fs
         (fs / "lost+found").rmdir()
 

@@ -17,7 +17,9 @@ from rollout_server.backends.client import EngineClient, EngineError, SyncEngine
 
 @pytest.fixture(scope="module")
 def prompt(client: SyncEngineClient, engine_url: str) -> list[int]:
-    ids = httpx.post(f"{engine_url}/tokenize", json={"model": client.model(), "prompt": "def add(a, b):\n"}).json()["tokens"]
+    ids = httpx.post(f"{engine_url}/tokenize", json={"model": client.model(), "prompt": "def add(a, b):\n"}).json()[
+        "tokens"
+    ]
     assert ids and all(isinstance(t, int) for t in ids)
     return ids
 
@@ -33,8 +35,16 @@ def test_health_and_models(engine_url: str, client: SyncEngineClient) -> None:
 
 
 def test_tokens_in_tokens_out_with_logprobs(client: SyncEngineClient, prompt: list[int], engine_url: str) -> None:
-    body = {"model": client.model(), "prompt": prompt, "max_tokens": 5, "ignore_eos": True, "seed": 7,
-            "logprobs": 0, "return_token_ids": True, "temperature": 1.0}
+    body = {
+        "model": client.model(),
+        "prompt": prompt,
+        "max_tokens": 5,
+        "ignore_eos": True,
+        "seed": 7,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "temperature": 1.0,
+    }
     data = _raw(engine_url, body).json()
     choice = data["choices"][0]
     assert choice["prompt_token_ids"] == prompt
@@ -51,8 +61,15 @@ def test_seed_reproduces(client: SyncEngineClient, prompt: list[int]) -> None:
 
 
 def _top(engine_url: str, model: str, prompt: list[int], temperature: float) -> dict[int, float]:
-    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": temperature, "seed": 1,
-            "logprobs": 5, "return_tokens_as_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": 1,
+        "temperature": temperature,
+        "seed": 1,
+        "logprobs": 5,
+        "return_tokens_as_token_ids": True,
+    }
     top = _raw(engine_url, body).json()["choices"][0]["logprobs"]["top_logprobs"][0]
     return {int(k.removeprefix("token_id:")): v for k, v in top.items()}
 

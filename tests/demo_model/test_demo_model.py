@@ -15,8 +15,15 @@ from legorl_jax.models import from_hf
 from rollout_server.tasks import demo_tasks
 
 TINY = DemoModelSpec(
-    vocab_size=768, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
-    harnesses=({"tools": "bash_only", "prompt": "terse"},), plans=("direct",),
+    vocab_size=768,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    intermediate_size=64,
+    harnesses=({"tools": "bash_only", "prompt": "terse"},),
+    plans=("direct",),
     sft=SFTConfig(max_steps=4, batch_size=2, eval_every=2, target_pass=1.0),
 )
 

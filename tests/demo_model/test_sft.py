@@ -26,8 +26,14 @@ from legorl_jax.models.demo_assets import build_tiny_hf_model
 
 @pytest.fixture(scope="module")
 def tiny_dir(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_hf_model(tmp_path_factory.mktemp("tiny"), hidden_size=32, num_layers=2, head_dim=8,
-                               intermediate_size=64, tokenizer_dir=tokenizer_dir)
+    return build_tiny_hf_model(
+        tmp_path_factory.mktemp("tiny"),
+        hidden_size=32,
+        num_layers=2,
+        head_dim=8,
+        intermediate_size=64,
+        tokenizer_dir=tokenizer_dir,
+    )
 
 
 @pytest.fixture
@@ -41,6 +47,7 @@ row_logprobs = nnx.jit(lambda model, tokens: token_logprobs(model, tokens))
 
 def short_demos() -> list[Demonstration]:
     """Two (task, config) groups; the first has two plans. Ids are arbitrary tokens below 256."""
+
     def seq(prompt: list[int], answer: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return tuple(prompt + answer), tuple([0] * len(prompt) + [1] * len(answer))
 

@@ -192,13 +192,21 @@ def test_openhands_conversation_error_is_a_harness_error_despite_exit_0() -> Non
     harness = get_harness("openhands")
     assert isinstance(harness, CliHarness)
     # Abridged from a real 1.16.0 run whose command held `[server\\]`.
-    stream = "\n".join([
-        "Initializing agent...",
-        json.dumps({"source": "agent", "tool_name": "terminal", "kind": "ActionEvent"}),
-        json.dumps({"source": "environment", "code": "MissingStyle", "kind": "ConversationErrorEvent",
-                    "detail": "Failed to get style 'server\\\\'"}),
-        "Goodbye!",
-    ])
+    stream = "\n".join(
+        [
+            "Initializing agent...",
+            json.dumps({"source": "agent", "tool_name": "terminal", "kind": "ActionEvent"}),
+            json.dumps(
+                {
+                    "source": "environment",
+                    "code": "MissingStyle",
+                    "kind": "ConversationErrorEvent",
+                    "detail": "Failed to get style 'server\\\\'",
+                }
+            ),
+            "Goodbye!",
+        ]
+    )
     outcome = harness.classify(0, stream, "", False)
     assert outcome.status == "harness_error"
     assert outcome.reason == "openhands: MissingStyle: Failed to get style 'server\\\\'"
@@ -273,8 +281,13 @@ def _claude_result(**fields: object) -> str:
     [
         ("claude-code", 0, _claude_result(subtype="success", is_error=False), False, "ok"),
         ("claude-code", 1, _claude_result(subtype="error_max_turns", is_error=True), False, "ok"),
-        ("claude-code", 0, _claude_result(subtype="success", is_error=True, result="API Error: 500"), False,
-         "harness_error"),
+        (
+            "claude-code",
+            0,
+            _claude_result(subtype="success", is_error=True, result="API Error: 500"),
+            False,
+            "harness_error",
+        ),
         ("claude-code", 1, "not json at all", False, "harness_error"),
         ("codex", 1, '{"type":"turn.failed","error":{"message":"stream disconnected"}}', False, "harness_error"),
         ("codex", 0, '{"type":"thread.started","thread_id":"t"}\n{"type":"turn.completed"}', False, "ok"),

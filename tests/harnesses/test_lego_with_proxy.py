@@ -39,8 +39,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tokenizer = AutoTokenizer.from_pretrained(build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer")))
     engine = ScriptedEngine(tokenizer)
     with ServerThread(engine.app) as engine_server:
-        core = ProxyCore(ChatTemplate(tokenizer), ProxyEngineClient(engine_server.url, "scripted"), SessionStore(),
-                         max_context=4096)
+        core = ProxyCore(
+            ChatTemplate(tokenizer), ProxyEngineClient(engine_server.url, "scripted"), SessionStore(), max_context=4096
+        )
         with ServerThread(build_app(core, keepalive_s=0.2)) as proxy_server:
             yield Stack(engine, core, proxy_server.url)
 
@@ -101,7 +102,9 @@ def test_summarising_starts_a_new_sequence(stack: Stack, sandbox: LocalSandbox) 
     # The summary call has no tool list, so its prompt renders differently, and the restart rewrites
     # the history: each starts a new sequence, and every sampled token is still captured once.
     assert [c["merged"] for c in trajectory["calls"]] == [False, False, False]
-    sampled = [t for seq in trajectory["sequences"] for t, m in zip(seq["token_ids"], seq["loss_mask"], strict=True) if m]
+    sampled = [
+        t for seq in trajectory["sequences"] for t, m in zip(seq["token_ids"], seq["loss_mask"], strict=True) if m
+    ]
     assert sampled == [t for reply in stack.engine.log.replies for t in reply["token_ids"]]
 
 

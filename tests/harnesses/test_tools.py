@@ -125,7 +125,7 @@ def test_pip_harness_gets_its_venv_its_interpreter_and_launchers(tmp_path: Path)
     script = (launchers.source / "democli").read_text()
     interpreter = f"/opt/legorl/venv0/python/bin/python{HOST_VERSION}"
     assert f"exec {interpreter} -I -S /opt/legorl/venv0/bin/venv_runner.py" in script
-    assert script.rstrip().endswith("demo_cli.main:App.run democli \"$@\"")
+    assert script.rstrip().endswith('demo_cli.main:App.run democli "$@"')
     for path in (launchers.source, launchers.source.parent, launchers.source / "democli"):
         assert path.stat().st_mode & 0o755 == 0o755, path  # the agent user must reach and run them
     assert tools.provision(install_of("claude-code")) == Provision()  # no npm prefix configured
@@ -135,8 +135,13 @@ def test_pip_harness_gets_its_venv_its_interpreter_and_launchers(tmp_path: Path)
 
 def run_runner(runner: Path, site: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The runner as a launcher execs it, on this host's interpreter (the sandbox's mounted one stands in)."""
-    return subprocess.run([sys.executable, "-I", "-S", str(runner), "/opt/lib", str(site), "demo_cli.main:App.run",
-                           "democli", *args], capture_output=True, text=True, timeout=30, env=env)
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(runner), "/opt/lib", str(site), "demo_cli.main:App.run", "democli", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
 
 
 def test_runner_runs_the_entry_point_with_its_arguments(tmp_path: Path) -> None:
@@ -157,8 +162,9 @@ def test_runner_keeps_the_sandbox_environment_out(tmp_path: Path) -> None:
     (site / "demo_cli" / "main.py").write_text(
         "import os, sys\nclass App:\n    run = staticmethod(lambda: print(os.environ.get('LD_LIBRARY_PATH')))\n"
     )
-    done = run_runner(Path(venv_runner.__file__), site, env={"PYTHONPATH": str(shadow.parent),
-                                                             "LD_LIBRARY_PATH": "/opt/lib"})
+    done = run_runner(
+        Path(venv_runner.__file__), site, env={"PYTHONPATH": str(shadow.parent), "LD_LIBRARY_PATH": "/opt/lib"}
+    )
     assert (done.returncode, done.stdout.strip()) == (0, "None"), done.stderr
 
 

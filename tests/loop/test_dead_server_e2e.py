@@ -54,7 +54,10 @@ def test_a_rollout_server_killed_mid_run_does_not_stop_training(model_dir: Path,
     try:
         addresses = ",".join(address for _, address in servers)
         command = train_command(model_dir, tmp_path, steps=4) + [
-            "--set", f"fleet.servers=[{addresses}]", "--set", "rl.groups_per_step=2",
+            "--set",
+            f"fleet.servers=[{addresses}]",
+            "--set",
+            "rl.groups_per_step=2",
         ]
         trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         metrics = tmp_path / "e2e" / "metrics.jsonl"

@@ -12,7 +12,10 @@ from legorl_jax.train.groups import GroupSampler, harness_choice
 from legorl_jax.train.run_log import RunLog, read_metrics
 from protos.legorl.v1 import rollout_pb2 as pb
 
-MIX = [HarnessSpec(name="lego", options={"tools": "bash_only"}), HarnessSpec(name="lego", options={"tools": "minimal"}, weight=3)]
+MIX = [
+    HarnessSpec(name="lego", options={"tools": "bash_only"}),
+    HarnessSpec(name="lego", options={"tools": "minimal"}, weight=3),
+]
 
 
 def test_every_task_once_per_epoch_and_cursor_resumes() -> None:
@@ -45,8 +48,11 @@ def trajectory(reward: float | None, config_id: str = "c", version: int = 3, sid
         status=pb.TRIAL_STATUS_OK if reward is not None else pb.TRIAL_STATUS_ENV_FAILURE,
         sequences=[
             pb.TokenSequence(
-                token_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], behavior_logprobs=[0, 0, -0.5, -1.0],
-                policy_version=version, side_call=side,
+                token_ids=[5, 6, 7, 8],
+                loss_mask=[0, 0, 1, 1],
+                behavior_logprobs=[0, 0, -0.5, -1.0],
+                policy_version=version,
+                side_call=side,
             )
         ],
     )

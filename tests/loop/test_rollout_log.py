@@ -58,14 +58,24 @@ def test_records_decode_sampled_text_and_resume_cuts_back(tokenizer_dir: Path, t
     prompt, answer = tokenizer.encode("list the files"), tokenizer.encode("ls -la")
     ids = prompt + answer
     trajectory = pb.Trajectory(
-        task_id="t1", harness=pb.HarnessConfig(name="lego", config_id="lego[x]"), reward=1.0,
-        status=pb.TRIAL_STATUS_OK, group_id="g1", trial_index=1,
+        task_id="t1",
+        harness=pb.HarnessConfig(name="lego", config_id="lego[x]"),
+        reward=1.0,
+        status=pb.TRIAL_STATUS_OK,
+        group_id="g1",
+        trial_index=1,
         metrics=pb.TrialMetrics(model_calls=1, tool_calls=1),
-        sequences=[pb.TokenSequence(
-            token_ids=ids, loss_mask=[0] * len(prompt) + [1] * len(answer),
-            behavior_logprobs=[0.0] * len(prompt) + [-0.123456] * len(answer), policy_version=3, num_model_calls=1,
-            root_reason="history_rewritten", recomputed_tokens=2,
-        )],
+        sequences=[
+            pb.TokenSequence(
+                token_ids=ids,
+                loss_mask=[0] * len(prompt) + [1] * len(answer),
+                behavior_logprobs=[0.0] * len(prompt) + [-0.123456] * len(answer),
+                policy_version=3,
+                num_model_calls=1,
+                root_reason="history_rewritten",
+                recomputed_tokens=2,
+            )
+        ],
     )
     ungraded = pb.Trajectory(task_id="t2", status=pb.TRIAL_STATUS_ENV_FAILURE, error="image build failed")
     log = RolloutLog(tmp_path, tokenizer_dir, resume_step=0)
@@ -75,14 +85,21 @@ def test_records_decode_sampled_text_and_resume_cuts_back(tokenizer_dir: Path, t
     first = lines[0]
     keys = ("step", "kind", "task", "harness", "group", "trial", "status", "reward", "error")
     assert {k: first[k] for k in keys} == {
-        "step": 1, "kind": "train", "task": "t1", "harness": "lego[x]", "group": "g1", "trial": 1, "status": "ok",
-        "reward": 1.0, "error": None,
+        "step": 1,
+        "kind": "train",
+        "task": "t1",
+        "harness": "lego[x]",
+        "group": "g1",
+        "trial": 1,
+        "status": "ok",
+        "reward": 1.0,
+        "error": None,
     }
     assert first["sampled"] == ["ls -la"]
     assert first["metrics"]["model_calls"] == 1 and first["metrics"]["verifier_no_reward"] is False
     [seq] = first["sequences"]
     assert seq["ids"] == ids and seq["spans"] == [[len(prompt), len(ids)]]
-    assert "".join(seq["pieces"][len(prompt):]) == "ls -la"
+    assert "".join(seq["pieces"][len(prompt) :]) == "ls -la"
     assert seq["logprobs"] == [-0.1235] * len(answer)  # sampled tokens only, rounded
     assert seq["advantage"] == 0.75 and seq["policy_version"] == 3 and seq["model_calls"] == 1
     assert (seq["root_reason"], seq["recomputed_tokens"]) == ("history_rewritten", 2)

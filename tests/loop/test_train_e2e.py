@@ -105,7 +105,11 @@ def test_streamed_weights_to_a_chosen_directory(model_dir: Path, tmp_path: Path,
     with deltas, versions between full checkpoints carry only what changed, relayed down the servers."""
     weights = tmp_path / "published"
     command = train_command(model_dir, tmp_path, steps=2) + [
-        "--set", "fleet.weights_transport=stream", "--set", f"fleet.weights_dir={weights}", "--verbose",
+        "--set",
+        "fleet.weights_transport=stream",
+        "--set",
+        f"fleet.weights_dir={weights}",
+        "--verbose",
     ]
     if deltas:
         command += ["--set", "fleet.weights_full_every=2", "--set", "fleet.weights_relay=true"]

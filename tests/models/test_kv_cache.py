@@ -55,9 +55,7 @@ def _run_engine(
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
 @pytest.mark.parametrize("chunk", [1, 4])
-def test_cached_decode_matches_full_forward(
-    arch: str, chunk: int, tiny_hf_checkpoint: Callable[[str], Path]
-) -> None:
+def test_cached_decode_matches_full_forward(arch: str, chunk: int, tiny_hf_checkpoint: Callable[[str], Path]) -> None:
     model = from_hf(tiny_hf_checkpoint(arch))
     rng = np.random.default_rng(7)
     seqs = [rng.integers(0, VOCAB, n, dtype=np.int32) for n in (11, 5, 14, 3)]

@@ -49,10 +49,26 @@ def _qwen3(**changes: Any) -> dict[str, Any]:
         (dict(use_sliding_window=True, sliding_window=4096), "use_sliding_window"),
         (dict(layer_types=["full_attention", "sliding_attention"]), "layer_types"),
         (dict(model_type="mistral"), "model_type"),
-        (dict(model_type="qwen3_moe", mlp_only_layers=[0], num_experts=4, num_experts_per_tok=2,
-              moe_intermediate_size=16), "mlp_only_layers"),  # fmt: skip
-        (dict(model_type="qwen3_moe", decoder_sparse_step=2, num_experts=4, num_experts_per_tok=2,
-              moe_intermediate_size=16), "decoder_sparse_step"),  # fmt: skip
+        (
+            dict(
+                model_type="qwen3_moe",
+                mlp_only_layers=[0],
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=16,
+            ),
+            "mlp_only_layers",
+        ),  # fmt: skip
+        (
+            dict(
+                model_type="qwen3_moe",
+                decoder_sparse_step=2,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=16,
+            ),
+            "decoder_sparse_step",
+        ),  # fmt: skip
         (dict(model_type="llama", pretraining_tp=2), "pretraining_tp"),
     ],
 )
@@ -65,9 +81,7 @@ def test_inconsistent_sizes_are_rejected() -> None:
     with pytest.raises(ValueError, match="num_attention_heads=4 is not a multiple of num_key_value_heads=3"):
         from_hf_config(_qwen3(num_key_value_heads=3))
     with pytest.raises(ValueError, match="num_experts_per_tok=5"):
-        from_hf_config(
-            _qwen3(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=5, moe_intermediate_size=16)
-        )
+        from_hf_config(_qwen3(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=5, moe_intermediate_size=16))
     with pytest.raises(ValueError, match="hidden_size must be positive"):
         ModelConfig(architecture="qwen3", vocab_size=8, hidden_size=0, intermediate_size=8, num_layers=1,
                     num_heads=1, num_kv_heads=1, head_dim=8)  # fmt: skip

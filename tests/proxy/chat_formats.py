@@ -16,11 +16,23 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-BASH = {"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+}
 
-LLAMA_SPECIAL = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
-                 "<|python_tag|>")
+LLAMA_SPECIAL = (
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+)
 
 LLAMA3_JSON_TEMPLATE = """\
 {{- bos_token }}
@@ -86,12 +98,17 @@ def build_llama_style_tokenizer(out_dir: Path) -> Path:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA_SPECIAL])
-    fast: Any = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|begin_of_text|>",
-                                        eos_token="<|eot_id|>", clean_up_tokenization_spaces=False)
+    fast: Any = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+        clean_up_tokenization_spaces=False,
+    )
     fast.chat_template = LLAMA3_JSON_TEMPLATE
     fast.save_pretrained(out_dir)
     return out_dir

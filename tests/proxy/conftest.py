@@ -76,14 +76,14 @@ class Proxy:
 
     def new_session(self, **spec: Any) -> dict[str, Any]:
         """Creates a session through the admin API: {"key", "urls"}."""
-        reply = httpx.post(f"{self.url}/admin/sessions", json=spec,
-                           headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+        reply = httpx.post(f"{self.url}/admin/sessions", json=spec, headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
         assert reply.status_code == 201, reply.text
         return reply.json()
 
     def trajectory(self, key: str) -> dict[str, Any]:
-        reply = httpx.get(f"{self.url}/admin/sessions/{key}/trajectory",
-                          headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+        reply = httpx.get(
+            f"{self.url}/admin/sessions/{key}/trajectory", headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
         assert reply.status_code == 200, reply.text
         return reply.json()
 

@@ -23,11 +23,13 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 
 # ---- TEST INSTRUMENT: a uvicorn app answering as the test's path asks ----
 
+
 async def _echo(request: Request) -> JSONResponse:
     """The body, the path and the client port: distinct ports are distinct connections."""
     assert request.client is not None
-    return JSONResponse({"path": request.url.path, "port": request.client.port,
-                         "body": (await request.body()).decode()})
+    return JSONResponse(
+        {"path": request.url.path, "port": request.client.port, "body": (await request.body()).decode()}
+    )
 
 
 async def _stream(request: Request) -> StreamingResponse:
@@ -35,7 +37,7 @@ async def _stream(request: Request) -> StreamingResponse:
 
     async def parts() -> AsyncIterator[bytes]:  # one http.response.body message each: uvicorn sends chunks
         for start in range(0, len(body), 7):
-            yield body[start:start + 7]
+            yield body[start : start + 7]
             await asyncio.sleep(0)
 
     return StreamingResponse(parts(), media_type="application/json")
@@ -64,16 +66,19 @@ async def _malformed(request: Request) -> Response:
 
 
 def instrument_app() -> Starlette:
-    return Starlette(routes=[
-        Route("/stream", _stream, methods=["POST"]),
-        Route("/close", _close, methods=["POST"]),
-        Route("/status/{code:int}", _status, methods=["POST"]),
-        Route("/malformed/{kind}/v1/completions", _malformed, methods=["POST"]),
-        Route("/{path:path}", _echo, methods=["POST"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/stream", _stream, methods=["POST"]),
+            Route("/close", _close, methods=["POST"]),
+            Route("/status/{code:int}", _status, methods=["POST"]),
+            Route("/malformed/{kind}/v1/completions", _malformed, methods=["POST"]),
+            Route("/{path:path}", _echo, methods=["POST"]),
+        ]
+    )
 
 
 # ---- TEST INSTRUMENT: raw asyncio servers, for what uvicorn never sends ----
+
 
 async def read_request(reader: asyncio.StreamReader) -> bytes | None:
     """The body of the next request on a connection; None once the client closed it."""
@@ -162,7 +167,7 @@ async def close_delimited(reader: asyncio.StreamReader, writer: asyncio.StreamWr
     assert body is not None
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + headers + b"\r\n")
     for start in range(0, len(body), 5):  # several segments: the end is the close, not a write
-        writer.write(body[start:start + 5])
+        writer.write(body[start : start + 5])
         await writer.drain()
     writer.close()
 

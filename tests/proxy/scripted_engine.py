@@ -49,8 +49,9 @@ class EngineLog:
 class ScriptedEngine:
     """Replies pop from `script`; with it empty, `default` answers every call."""
 
-    def __init__(self, tokenizer: Any, default: str = "ok", *, end_token: str = "<|im_end|>",
-                 max_model_len: int | None = 4096) -> None:
+    def __init__(
+        self, tokenizer: Any, default: str = "ok", *, end_token: str = "<|im_end|>", max_model_len: int | None = 4096
+    ) -> None:
         self.tokenizer = tokenizer
         self.end_id = tokenizer.convert_tokens_to_ids(end_token)
         self.max_model_len = max_model_len
@@ -69,13 +70,15 @@ class ScriptedEngine:
         # call the chat route, such as LiteLLM): this message, every time.
         self.chat_message: dict[str, Any] = {"role": "assistant", "content": default}
         self._lock = threading.Lock()
-        self.app = Starlette(routes=[
-            Route("/v1/completions", self._completions, methods=["POST"]),
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/health", self._health, methods=["GET"]),
-            Route("/v1/models", self._models, methods=["GET"]),
-            Route("/tokenize", self._tokenize, methods=["POST"]),
-        ])
+        self.app = Starlette(
+            routes=[
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/health", self._health, methods=["GET"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/tokenize", self._tokenize, methods=["POST"]),
+            ]
+        )
 
     def push(self, *items: str | Scripted) -> None:
         self.script.extend(Scripted(i) if isinstance(i, str) else i for i in items)
@@ -111,22 +114,35 @@ class ScriptedEngine:
         finish = "stop" if ids and ids[-1] == self.end_id else "length"
         logprobs = [fake_logprob(i, t) for i, t in enumerate(ids)]
         choice: dict[str, Any] = {
-            "index": 0, "text": self.tokenizer.decode(ids), "finish_reason": finish,
-            "logprobs": {"tokens": [f"token_id:{t}" for t in ids],
-                         "token_logprobs": logprobs[1:] if self.drop_logprob else logprobs,
-                         "top_logprobs": None, "text_offset": None},
+            "index": 0,
+            "text": self.tokenizer.decode(ids),
+            "finish_reason": finish,
+            "logprobs": {
+                "tokens": [f"token_id:{t}" for t in ids],
+                "token_logprobs": logprobs[1:] if self.drop_logprob else logprobs,
+                "top_logprobs": None,
+                "text_offset": None,
+            },
         }
         if not self.token_id_strings:
             choice["token_ids"] = ids
         if body.get("prompt_logprobs") is not None:  # vLLM's shape: None first, then {id: {logprob, ...}}
             prompt = body["prompt"]
             choice["prompt_token_ids"] = prompt
-            entries = [{str(t): {"logprob": fake_prompt_logprob(i, t), "rank": 1, "decoded_token": ""}}
-                       for i, t in enumerate(prompt) if i > 0]
+            entries = [
+                {str(t): {"logprob": fake_prompt_logprob(i, t), "rank": 1, "decoded_token": ""}}
+                for i, t in enumerate(prompt)
+                if i > 0
+            ]
             choice["prompt_logprobs"] = [None, *entries][: len(prompt) - self.drop_prompt_logprob]
-        reply = {"id": "cmpl-scripted", "object": "text_completion", "created": int(time.time()),
-                 "model": body.get("model"), "choices": [choice],
-                 "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)}}
+        reply = {
+            "id": "cmpl-scripted",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [choice],
+            "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)},
+        }
         self.log.prompts.append(list(body["prompt"]))
         self.log.bodies.append(body)
         self.log.replies.append({"token_ids": ids, "logprobs": logprobs})
@@ -135,18 +151,31 @@ class ScriptedEngine:
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
         message = self.chat_message
-        return JSONResponse({
-            "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model"), "choices": [{
-                "index": 0, "message": message, "logprobs": None,
-                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+        return JSONResponse(
+            {
+                "id": "chatcmpl-scripted",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": None,
+                        "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
 
     async def _health(self, request: Request) -> Response:
         return Response(status_code=500 if self.down else 200)
 
     async def _models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "scripted", "object": "model", "max_model_len": self.max_model_len}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": "scripted", "object": "model", "max_model_len": self.max_model_len}]}
+        )
 
     async def _tokenize(self, request: Request) -> Response:
         body = await request.json()

@@ -13,8 +13,13 @@ import pytest
 from .scripted_engine import ScriptedEngine
 from .test_openai_chat import assert_captured, call_text
 
-TOOLS = [{"name": "Bash", "description": "Run a command.",
-          "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
+TOOLS = [
+    {
+        "name": "Bash",
+        "description": "Run a command.",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    }
+]
 CACHE = {"type": "ephemeral"}
 
 
@@ -25,9 +30,14 @@ def client(session: dict[str, Any]) -> anthropic.Anthropic:
 def ask(c: anthropic.Anthropic, messages: list[dict[str, Any]], stream: bool) -> Any:
     kwargs: dict[str, Any] = dict(
         # The SDK refuses big non-streaming budgets itself; Claude Code streams with 32000.
-        model="policy", max_tokens=32000 if stream else 4096, messages=messages, tools=TOOLS,
-        system=[{"type": "text", "text": "x-billing-header: v2.1"},
-                {"type": "text", "text": "You are a coding agent.", "cache_control": CACHE}],
+        model="policy",
+        max_tokens=32000 if stream else 4096,
+        messages=messages,
+        tools=TOOLS,
+        system=[
+            {"type": "text", "text": "x-billing-header: v2.1"},
+            {"type": "text", "text": "You are a coding agent.", "cache_control": CACHE},
+        ],
         thinking={"type": "enabled", "budget_tokens": 1024},
     )
     if not stream:
@@ -42,8 +52,14 @@ def test_claude_code_style_tool_loop(proxy: Any, engine: ScriptedEngine, stream:
     c = client(session)
     engine.push(call_text("Bash", {"command": "cat a.txt"}, thought="read it", prose="Reading."), "It says hi.")
     messages: list[dict[str, Any]] = [
-        {"role": "user", "content": [{"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
-                                     {"type": "text", "text": "What is in a.txt?", "cache_control": CACHE}]}]
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+                {"type": "text", "text": "What is in a.txt?", "cache_control": CACHE},
+            ],
+        }
+    ]
     first = ask(c, messages, stream)
     assert first.stop_reason == "tool_use"
     thinking, text, tool_use = first.content
@@ -55,12 +71,24 @@ def test_claude_code_style_tool_loop(proxy: Any, engine: ScriptedEngine, stream:
     # Back it comes, as Claude Code sends it: the cache marker moved to the newest block.
     messages[0]["content"][1].pop("cache_control")
     messages += [
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "read it", "signature": thinking.signature},
-            {"type": "text", "text": "Reading."},
-            {"type": "tool_use", "id": tool_use.id, "name": "Bash", "input": {"command": "cat a.txt"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id,
-                                      "content": [{"type": "text", "text": "hi", "cache_control": CACHE}]}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "read it", "signature": thinking.signature},
+                {"type": "text", "text": "Reading."},
+                {"type": "tool_use", "id": tool_use.id, "name": "Bash", "input": {"command": "cat a.txt"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": tool_use.id,
+                    "content": [{"type": "text", "text": "hi", "cache_control": CACHE}],
+                }
+            ],
+        },
     ]
     final = ask(c, messages, stream)
     assert final.stop_reason == "end_turn" and final.content[-1].text == "It says hi."
@@ -69,12 +97,17 @@ def test_claude_code_style_tool_loop(proxy: Any, engine: ScriptedEngine, stream:
     assert_captured(traj["sequences"][0], engine)
 
 
-def test_system_message_inside_messages_joins_the_system_prompt(proxy: Any, engine: ScriptedEngine,
-                                                                  template: Any) -> None:
+def test_system_message_inside_messages_joins_the_system_prompt(
+    proxy: Any, engine: ScriptedEngine, template: Any
+) -> None:
     session = proxy.new_session()
     c = client(session)
-    reply = c.messages.create(model="policy", max_tokens=100, system="Top system.", messages=[
-        {"role": "system", "content": "Inner system."}, {"role": "user", "content": "hi"}])  # type: ignore[typeddict-item]
+    reply = c.messages.create(
+        model="policy",
+        max_tokens=100,
+        system="Top system.",
+        messages=[{"role": "system", "content": "Inner system."}, {"role": "user", "content": "hi"}],
+    )  # type: ignore[typeddict-item]
     assert reply.content[0].text == "ok"
     prompt = template.decode(engine.log.prompts[0])
     assert prompt.startswith("<|im_start|>system\nTop system.\n\nInner system.<|im_end|>")
@@ -105,15 +138,19 @@ def test_errors_in_anthropic_shape(proxy: Any, engine: ScriptedEngine) -> None:
     assert down.value.status_code == 503 and down.value.body["type"] == "error"
 
 
-def test_late_system_message_is_a_user_turn_and_history_still_merges(proxy: Any, engine: ScriptedEngine,
-                                                                     template: Any) -> None:
+def test_late_system_message_is_a_user_turn_and_history_still_merges(
+    proxy: Any, engine: ScriptedEngine, template: Any
+) -> None:
     session = proxy.new_session()
     c = client(session)
     engine.push("First.", "Second.")
     history: list[dict[str, Any]] = [{"role": "user", "content": "one"}]
     c.messages.create(model="p", max_tokens=50, system="Sys.", messages=history)  # type: ignore[arg-type]
-    history += [{"role": "assistant", "content": "First."}, {"role": "system", "content": "Reminder."},
-                {"role": "user", "content": "two"}]
+    history += [
+        {"role": "assistant", "content": "First."},
+        {"role": "system", "content": "Reminder."},
+        {"role": "user", "content": "two"},
+    ]
     c.messages.create(model="p", max_tokens=50, system="Sys.", messages=history)  # type: ignore[arg-type]
     assert template.decode(engine.log.prompts[1]).startswith("<|im_start|>system\nSys.<|im_end|>")
     assert "<|im_start|>user\nReminder.<|im_end|>" in template.decode(engine.log.prompts[1])

@@ -26,8 +26,11 @@ def test_admin_api(proxy: Any, engine: ScriptedEngine) -> None:
     assert httpx.post(f"{proxy.url}/admin/sessions", content=b"{", headers=ADMIN).status_code == 400
     assert httpx.post(f"{proxy.url}/admin/sessions", json={"key": "a/b"}, headers=ADMIN).status_code == 400
     made = proxy.new_session(key="fixed-key", labels={"task": "t1"})
-    assert made["urls"] == {"anthropic": f"{proxy.url}/s/fixed-key", "openai": f"{proxy.url}/s/fixed-key/v1",
-                            "gemini": f"{proxy.url}/s/fixed-key"}
+    assert made["urls"] == {
+        "anthropic": f"{proxy.url}/s/fixed-key",
+        "openai": f"{proxy.url}/s/fixed-key/v1",
+        "gemini": f"{proxy.url}/s/fixed-key",
+    }
     assert httpx.post(f"{proxy.url}/admin/sessions", json={"key": "fixed-key"}, headers=ADMIN).status_code == 409
     assert proxy.trajectory("fixed-key")["labels"] == {"task": "t1"}
     gone = httpx.delete(f"{proxy.url}/admin/sessions/fixed-key", headers=ADMIN)
@@ -40,18 +43,26 @@ def test_admin_api(proxy: Any, engine: ScriptedEngine) -> None:
     assert engine.log.prompts == []
 
 
-@pytest.mark.parametrize("path, shape", [
-    ("/v1/chat/completions", lambda b: b["error"]["code"]),
-    ("/v1/responses", lambda b: b["error"]["code"]),
-    ("/v1/messages", lambda b: b["error"]["type"]),
-    ("/v1beta/models/m:generateContent", lambda b: b["error"]["status"]),
-])
+@pytest.mark.parametrize(
+    "path, shape",
+    [
+        ("/v1/chat/completions", lambda b: b["error"]["code"]),
+        ("/v1/responses", lambda b: b["error"]["code"]),
+        ("/v1/messages", lambda b: b["error"]["type"]),
+        ("/v1beta/models/m:generateContent", lambda b: b["error"]["status"]),
+    ],
+)
 def test_unknown_key_and_bad_json_in_each_dialect(proxy: Any, engine: ScriptedEngine, path: str, shape: Any) -> None:
     denied = httpx.post(f"{proxy.url}{path}", content=b"{}", headers={"x-api-key": "nobody"})
-    assert denied.status_code == 401 and shape(denied.json()) in ("invalid_api_key", "authentication_error",
-                                                                  "UNAUTHENTICATED")
+    assert denied.status_code == 401 and shape(denied.json()) in (
+        "invalid_api_key",
+        "authentication_error",
+        "UNAUTHENTICATED",
+    )
     key = proxy.new_session()["key"]
-    broken = httpx.post(f"{proxy.url}/s/{key}{path}", content=b'{"messages": [', headers={"content-type": "application/json"})
+    broken = httpx.post(
+        f"{proxy.url}/s/{key}{path}", content=b'{"messages": [', headers={"content-type": "application/json"}
+    )
     assert broken.status_code == 400 and "not valid JSON" in str(broken.json())
     wrong = httpx.post(f"{proxy.url}/s/{key}{path}", json=[1, 2])
     assert wrong.status_code == 400 and "request body: expected dict" in str(wrong.json())
@@ -104,8 +115,12 @@ def test_engine_down_is_503_and_other_sessions_recover(proxy: Any, engine: Scrip
 def test_slow_engine_gets_keepalives_then_events(proxy: Any, engine: ScriptedEngine) -> None:
     key = proxy.new_session()["key"]
     engine.delay_s = 0.7  # the proxy under test sends a keep-alive every 0.2 s
-    with httpx.stream("POST", f"{proxy.url}/s/{key}/v1/chat/completions", timeout=30,
-                      json={"model": "m", "messages": HI, "stream": True}) as reply:
+    with httpx.stream(
+        "POST",
+        f"{proxy.url}/s/{key}/v1/chat/completions",
+        timeout=30,
+        json={"model": "m", "messages": HI, "stream": True},
+    ) as reply:
         lines = [line for line in reply.iter_lines() if line]
     assert lines[0] == ": keep-alive"
     assert lines[-1] == "data: [DONE]" and any('"content":"ok"' in line for line in lines)
@@ -114,8 +129,12 @@ def test_slow_engine_gets_keepalives_then_events(proxy: Any, engine: ScriptedEng
 def test_slow_engine_failure_becomes_an_in_stream_error(proxy: Any, engine: ScriptedEngine) -> None:
     key = proxy.new_session()["key"]
     engine.delay_s, engine.down = 0.5, True
-    with httpx.stream("POST", f"{proxy.url}/s/{key}/v1/messages", timeout=30,
-                      json={"model": "m", "max_tokens": 5, "messages": HI, "stream": True}) as reply:
+    with httpx.stream(
+        "POST",
+        f"{proxy.url}/s/{key}/v1/messages",
+        timeout=30,
+        json={"model": "m", "max_tokens": 5, "messages": HI, "stream": True},
+    ) as reply:
         text = "".join(reply.iter_text())
     assert reply.status_code == 200 and "event: error" in text and "overloaded_error" in text
 
@@ -123,8 +142,12 @@ def test_slow_engine_failure_becomes_an_in_stream_error(proxy: Any, engine: Scri
 def test_stream_abort_does_not_stop_capture(proxy: Any, engine: ScriptedEngine) -> None:
     key = proxy.new_session()["key"]
     engine.delay_s = 0.6  # the proxy under test sends a keep-alive every 0.2 s
-    with httpx.stream("POST", f"{proxy.url}/s/{key}/v1/chat/completions", timeout=30,
-                      json={"model": "m", "messages": HI, "stream": True}) as reply:
+    with httpx.stream(
+        "POST",
+        f"{proxy.url}/s/{key}/v1/chat/completions",
+        timeout=30,
+        json={"model": "m", "messages": HI, "stream": True},
+    ) as reply:
         assert next(reply.iter_lines()) == ": keep-alive"  # then the harness hangs up
     deadline = time.monotonic() + 10
     while not proxy.trajectory(key)["calls"] and time.monotonic() < deadline:
@@ -135,8 +158,14 @@ def test_stream_abort_does_not_stop_capture(proxy: Any, engine: ScriptedEngine) 
     engine.delay_s = 0.0
     # The retry after the abort extends what was captured.
     client = openai.OpenAI(base_url=f"{proxy.url}/s/{key}/v1", api_key="unused", max_retries=0)
-    client.chat.completions.create(model="m", messages=[*HI, {"role": "assistant", "content": "ok"},  # type: ignore[arg-type]
-                                                        {"role": "user", "content": "more"}])
+    client.chat.completions.create(
+        model="m",
+        messages=[
+            *HI,
+            {"role": "assistant", "content": "ok"},  # type: ignore[arg-type]
+            {"role": "user", "content": "more"},
+        ],
+    )
     traj = proxy.trajectory(key)
     assert [c["merged"] for c in traj["calls"]] == [False, True]
     assert traj["calls"][1]["latency_s"] > 0 and traj["calls"][1]["client_disconnected"] is False
@@ -156,8 +185,14 @@ def test_concurrent_calls_in_one_session_are_all_captured(proxy: Any, engine: Sc
 
     async def run() -> list[str]:
         client = openai.AsyncOpenAI(base_url=session["urls"]["openai"], api_key=session["key"], max_retries=0)
-        replies = await asyncio.gather(*(client.chat.completions.create(  # type: ignore[call-overload]
-            model="m", messages=[{"role": "system", "content": f"sub-agent {i}"}, *HI]) for i in range(4)))
+        replies = await asyncio.gather(
+            *(
+                client.chat.completions.create(  # type: ignore[call-overload]
+                    model="m", messages=[{"role": "system", "content": f"sub-agent {i}"}, *HI]
+                )
+                for i in range(4)
+            )
+        )
         return [r.choices[0].message.content for r in replies]
 
     assert asyncio.run(run()) == ["ok"] * 4
@@ -173,7 +208,9 @@ def test_ids_from_token_id_strings_and_malformed_engine_replies(proxy: Any, engi
     engine.push("from strings")
     assert client.chat.completions.create(model="m", messages=HI).choices[0].message.content == "from strings"  # type: ignore[arg-type]
     seq = proxy.trajectory(session["key"])["sequences"][0]
-    assert [t for t, m in zip(seq["token_ids"], seq["loss_mask"], strict=True) if m] == engine.log.replies[0]["token_ids"]
+    assert [t for t, m in zip(seq["token_ids"], seq["loss_mask"], strict=True) if m] == engine.log.replies[0][
+        "token_ids"
+    ]
     engine.drop_logprob = True
     with pytest.raises(openai.InternalServerError) as broken:
         client.chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]

@@ -13,8 +13,12 @@ from .test_openai_chat import BASH, assert_captured, call_text
 
 
 def chat(proxy: Any, key: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    reply = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                       json={"model": "m", "messages": messages, **extra}, timeout=30)
+    reply = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={"model": "m", "messages": messages, **extra},
+        timeout=30,
+    )
     assert reply.status_code == 200, reply.text
     return reply.json()["choices"][0]["message"]
 
@@ -25,8 +29,9 @@ def extends(engine: ScriptedEngine, call: int) -> bool:
     return engine.log.prompts[call][: len(before)] == before
 
 
-def test_new_query_keeps_sampled_reasoning_the_template_would_drop(proxy: Any, engine: ScriptedEngine,
-                                                                    template: Any) -> None:
+def test_new_query_keeps_sampled_reasoning_the_template_would_drop(
+    proxy: Any, engine: ScriptedEngine, template: Any
+) -> None:
     key = proxy.new_session()["key"]
     engine.push("<think>\nsecret plan\n</think>\n\nHello.", "Bye.")
     history = [{"role": "user", "content": "hi"}]
@@ -67,8 +72,15 @@ def test_rewritten_history_starts_new_root_without_retraining(proxy: Any, engine
     key = proxy.new_session()["key"]
     engine.push("First.", "Second.")
     chat(proxy, key, [{"role": "user", "content": "q"}])
-    chat(proxy, key, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Edited by harness."},
-                      {"role": "user", "content": "q2"}])
+    chat(
+        proxy,
+        key,
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "Edited by harness."},
+            {"role": "user", "content": "q2"},
+        ],
+    )
     traj = proxy.trajectory(key)
     assert [s["root_reason"] for s in traj["sequences"]] == ["first_call", "history_rewritten"]
     assert traj["calls"][1]["unmatched_turns"] == 1
@@ -85,21 +97,32 @@ def test_side_call_and_restart_are_flagged(proxy: Any, engine: ScriptedEngine) -
     chat(proxy, key, main, tools=[BASH])
     traj = proxy.trajectory(key)
     assert [(s["root_reason"], s["side"]) for s in traj["sequences"]] == [
-        ("first_call", False), ("side_call", True), ("restart", False)]
+        ("first_call", False),
+        ("side_call", True),
+        ("restart", False),
+    ]
     assert traj["metrics"]["side_calls"] == 1 and traj["metrics"]["new_roots"]["restart"] == 1
 
 
 def test_repeated_identical_answers_map_to_their_own_turns(proxy: Any, engine: ScriptedEngine) -> None:
     key = proxy.new_session()["key"]
-    engine.push(call_text("bash", {"command": "ls"}, thought="one"), call_text("bash", {"command": "ls"}, thought="two"),
-                "done")
+    engine.push(
+        call_text("bash", {"command": "ls"}, thought="one"), call_text("bash", {"command": "ls"}, thought="two"), "done"
+    )
     history: list[dict[str, Any]] = [{"role": "user", "content": "list twice"}]
     for _ in range(2):
         message = chat(proxy, key, history, tools=[BASH])
         # No ids come back (as from a harness that drops them): matched by name and arguments.
-        history += [{"role": "assistant", "content": "", "tool_calls": [
-            {"id": "", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]},
-            {"role": "tool", "tool_call_id": "x", "content": "a"}]
+        history += [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "x", "content": "a"},
+        ]
         assert message["tool_calls"][0]["function"]["name"] == "bash"
     chat(proxy, key, history, tools=[BASH])
     assert extends(engine, 1) and extends(engine, 2)
@@ -109,13 +132,17 @@ def test_repeated_identical_answers_map_to_their_own_turns(proxy: Any, engine: S
 
 
 @pytest.mark.parametrize("recompute", [True, False])
-def test_rewritten_history_recomputes_logprobs_of_reused_turns(proxy: Any, engine: ScriptedEngine,
-                                                               recompute: bool) -> None:
+def test_rewritten_history_recomputes_logprobs_of_reused_turns(
+    proxy: Any, engine: ScriptedEngine, recompute: bool
+) -> None:
     key = proxy.new_session(recompute_logprobs=recompute)["key"]
     engine.push("First.", "Second.", "Third.")
     chat(proxy, key, [{"role": "user", "content": "q"}])
-    history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "First."},
-               {"role": "user", "content": "q2"}]
+    history = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "First."},
+        {"role": "user", "content": "q2"},
+    ]
     chat(proxy, key, history)
     # The harness edits an earlier user message (a compaction): both sampled turns come back intact.
     history[2]["content"] = "q2, shortened"
@@ -128,8 +155,11 @@ def test_rewritten_history_recomputes_logprobs_of_reused_turns(proxy: Any, engin
     assert traj["metrics"]["recomputed_tokens"] == (len(reused) if recompute else 0)
     assert traj["metrics"]["recomputed_calls"] == int(recompute)
     new = traj["sequences"][1]
-    trained = [(at, t, lp) for at, (t, m, lp) in enumerate(zip(new["token_ids"], new["loss_mask"],
-                                                               new["behavior_logprobs"], strict=True)) if m]
+    trained = [
+        (at, t, lp)
+        for at, (t, m, lp) in enumerate(zip(new["token_ids"], new["loss_mask"], new["behavior_logprobs"], strict=True))
+        if m
+    ]
     own = [(t, lp) for t, lp in zip(engine.log.replies[2]["token_ids"], engine.log.replies[2]["logprobs"], strict=True)]
     prompt_len = len(engine.log.prompts[2])
     assert [(t, lp) for at, t, lp in trained if at >= prompt_len] == own
@@ -145,11 +175,18 @@ def test_short_prompt_logprobs_are_a_503_and_the_session_goes_on(proxy: Any, eng
     key = proxy.new_session(recompute_logprobs=True)["key"]
     engine.push("First.", "Second.", "Third.")
     chat(proxy, key, [{"role": "user", "content": "q"}])
-    rewritten = [{"role": "user", "content": "q, edited"}, {"role": "assistant", "content": "First."},
-                 {"role": "user", "content": "q2"}]
+    rewritten = [
+        {"role": "user", "content": "q, edited"},
+        {"role": "assistant", "content": "First."},
+        {"role": "user", "content": "q2"},
+    ]
     engine.drop_prompt_logprob = True
-    reply = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                       json={"model": "m", "messages": rewritten}, timeout=30)
+    reply = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={"model": "m", "messages": rewritten},
+        timeout=30,
+    )
     assert reply.status_code == 503 and "prompt logprobs" in reply.json()["error"]["message"]
     engine.drop_prompt_logprob = False
     chat(proxy, key, rewritten)

@@ -20,8 +20,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow  # the whole benchmark script, engine and proxy processes included
 def test_bench_runs_and_reports_every_figure() -> None:
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_proxy.py"), "--sessions", "2", "--turns", "3",
-                           "--min-calls", "12", "--rounds", "2"], capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench_proxy.py"),
+            "--sessions",
+            "2",
+            "--turns",
+            "3",
+            "--min-calls",
+            "12",
+            "--rounds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert row["sessions"] == 2 and row["calls"] == 12  # 2 sessions x 3 turns x 2 rounds
@@ -34,11 +49,14 @@ def test_bench_runs_and_reports_every_figure() -> None:
     assert "litellm_p50_ms" not in row
 
 
-def test_instrument_answers_chat_completions(_engine_server: tuple[ScriptedEngine, str],
-                                             engine: ScriptedEngine) -> None:
+def test_instrument_answers_chat_completions(
+    _engine_server: tuple[ScriptedEngine, str], engine: ScriptedEngine
+) -> None:
     _, url = _engine_server
     call: dict[str, Any] = {"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
     engine.chat_message = {"role": "assistant", "content": "", "tool_calls": [call]}
-    reply = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    reply = httpx.post(
+        f"{url}/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    )
     choice = reply.json()["choices"][0]
     assert choice["message"]["tool_calls"] == [call] and choice["finish_reason"] == "tool_calls"

@@ -9,8 +9,21 @@ import pytest
 from rollout_server.proxy.completion_parser import parse_completion, split_reasoning
 from rollout_server.proxy.conversation import ToolSpec
 
-TOOLS = [ToolSpec("edit", "Edit a file.", {"type": "object", "properties": {
-    "path": {"type": "string"}, "line": {"type": "integer"}, "dry": {"type": "boolean"}, "text": {"type": "string"}}})]
+TOOLS = [
+    ToolSpec(
+        "edit",
+        "Edit a file.",
+        {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "line": {"type": "integer"},
+                "dry": {"type": "boolean"},
+                "text": {"type": "string"},
+            },
+        },
+    )
+]
 
 
 def ids() -> object:
@@ -28,22 +41,29 @@ def test_split_reasoning_variants() -> None:
 
 
 def test_hermes_calls_with_prose_and_reasoning() -> None:
-    text = ('<think>look first</think>\n\nLet me look.\n<tool_call>\n{"name": "edit", "arguments": {"path": "a.py"}}\n'
-            '</tool_call>\n<tool_call>\n{"name": "edit", "arguments": "{\\"path\\": \\"b.py\\"}"}\n</tool_call>')
+    text = (
+        '<think>look first</think>\n\nLet me look.\n<tool_call>\n{"name": "edit", "arguments": {"path": "a.py"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "edit", "arguments": "{\\"path\\": \\"b.py\\"}"}\n</tool_call>'
+    )
     out = parse_completion(text, "hermes", TOOLS, ids())
     assert out.reasoning == "look first"
     assert out.content == "Let me look."
     assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [
-        ("call_0", "edit", {"path": "a.py"}), ("call_1", "edit", {"path": "b.py"})]
+        ("call_0", "edit", {"path": "a.py"}),
+        ("call_1", "edit", {"path": "b.py"}),
+    ]
     assert out.parse_error is None
 
 
-@pytest.mark.parametrize("body, error", [
-    ('<tool_call>\n{"name": "edit", "arguments": {"path": \n</tool_call>', "not JSON"),
-    ('<tool_call>\n{"arguments": {}}\n</tool_call>', "lacks a string 'name'"),
-    ('<tool_call>\n{"name": "edit", "arguments": [1]}\n</tool_call>', "not a JSON object"),
-    ('<tool_call>\n{"name": "edit", "arguments": {}}', "unterminated"),
-])
+@pytest.mark.parametrize(
+    "body, error",
+    [
+        ('<tool_call>\n{"name": "edit", "arguments": {"path": \n</tool_call>', "not JSON"),
+        ('<tool_call>\n{"arguments": {}}\n</tool_call>', "lacks a string 'name'"),
+        ('<tool_call>\n{"name": "edit", "arguments": [1]}\n</tool_call>', "not a JSON object"),
+        ('<tool_call>\n{"name": "edit", "arguments": {}}', "unterminated"),
+    ],
+)
 def test_malformed_hermes_call_is_content_with_parse_error(body: str, error: str) -> None:
     out = parse_completion("Trying.\n" + body, "hermes", TOOLS, ids())
     assert out.tool_calls == ()
@@ -52,9 +72,11 @@ def test_malformed_hermes_call_is_content_with_parse_error(body: str, error: str
 
 
 def test_qwen3_coder_xml_calls_coerced_by_schema() -> None:
-    text = ("I will edit.\n<tool_call>\n<function=edit>\n<parameter=path>\nsrc/a.py\n</parameter>\n"
-            "<parameter=line>\n12\n</parameter>\n<parameter=dry>\nfalse\n</parameter>\n"
-            "<parameter=text>\n42\n  indented\n</parameter>\n</function>\n</tool_call>")
+    text = (
+        "I will edit.\n<tool_call>\n<function=edit>\n<parameter=path>\nsrc/a.py\n</parameter>\n"
+        "<parameter=line>\n12\n</parameter>\n<parameter=dry>\nfalse\n</parameter>\n"
+        "<parameter=text>\n42\n  indented\n</parameter>\n</function>\n</tool_call>"
+    )
     out = parse_completion(text, "qwen3_coder", TOOLS, ids())
     assert out.content == "I will edit."
     assert out.tool_calls[0].name == "edit"
@@ -74,7 +96,9 @@ def test_qwen3_coder_without_function_is_parse_error() -> None:
 
 
 def test_non_standard_json_constants_are_parse_errors() -> None:
-    out = parse_completion('<tool_call>\n{"name": "edit", "arguments": {"line": NaN}}\n</tool_call>', "hermes", TOOLS, ids())
+    out = parse_completion(
+        '<tool_call>\n{"name": "edit", "arguments": {"line": NaN}}\n</tool_call>', "hermes", TOOLS, ids()
+    )
     assert out.tool_calls == () and "NaN is not JSON" in (out.parse_error or "")
     xml = "<tool_call>\n<function=edit>\n<parameter=line>\nInfinity\n</parameter>\n</function>\n</tool_call>"
     assert parse_completion(xml, "qwen3_coder", TOOLS, ids()).tool_calls[0].arguments == {"line": "Infinity"}
@@ -94,16 +118,19 @@ def test_llama3_json_single_and_several_calls() -> None:
     assert [(c.name, c.arguments) for c in out.tool_calls] == [("edit", {"path": "a.py", "line": 3})]
     assert out.content == "" and out.parse_error is None
     # Several calls separated by `;`; a `;` inside an argument (a shell command) is the argument's.
-    several = ('{"name": "edit", "parameters": {"text": "cd src; ls"}} ; {"name": "edit", "arguments": {"dry": true}}'
-               ";\n")
+    several = '{"name": "edit", "parameters": {"text": "cd src; ls"}} ; {"name": "edit", "arguments": {"dry": true}};\n'
     out = parse_completion(several, "llama3_json", TOOLS, ids())
     assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [
-        ("call_0", "edit", {"text": "cd src; ls"}), ("call_1", "edit", {"dry": True})]
+        ("call_0", "edit", {"text": "cd src; ls"}),
+        ("call_1", "edit", {"dry": True}),
+    ]
 
 
 def test_llama3_json_calls_after_python_tag_with_prose_and_reasoning() -> None:
-    text = ('<think>look</think>\n\nLet me edit.<|python_tag|>{"name": "edit", "parameters": {"path": "a.py"}}; '
-            '{"name": "edit", "parameters": "{\\"path\\": \\"b.py\\"}"}')
+    text = (
+        '<think>look</think>\n\nLet me edit.<|python_tag|>{"name": "edit", "parameters": {"path": "a.py"}}; '
+        '{"name": "edit", "parameters": "{\\"path\\": \\"b.py\\"}"}'
+    )
     out = parse_completion(text, "llama3_json", TOOLS, ids())
     assert out.reasoning == "look" and out.content == "Let me edit."
     assert [c.arguments for c in out.tool_calls] == [{"path": "a.py"}, {"path": "b.py"}]
@@ -120,15 +147,18 @@ def test_llama3_json_plain_answers_are_content() -> None:
     assert out.content == '{"answer": 4}' and out.tool_calls == () and out.parse_error is None
 
 
-@pytest.mark.parametrize("text, error", [
-    ('{"name": "edit", "parameters": {"path": ', "not JSON"),
-    ('{"parameters": {}}', "lacks a string 'name'"),
-    ('{"name": "edit", "parameters": [1]}', "not a JSON object"),
-    ('{"name": "edit", "parameters": {}} and then some prose', "separated by ';'"),
-    ('Sure.<|python_tag|>', "no tool call"),
-    ('<|python_tag|>{"name": "edit", "parameters": {"line": NaN}}', "NaN is not JSON"),
-    ('<|python_tag|>' + "[" * 5_000 + "]" * 5_000, "deep"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ('{"name": "edit", "parameters": {"path": ', "not JSON"),
+        ('{"parameters": {}}', "lacks a string 'name'"),
+        ('{"name": "edit", "parameters": [1]}', "not a JSON object"),
+        ('{"name": "edit", "parameters": {}} and then some prose', "separated by ';'"),
+        ("Sure.<|python_tag|>", "no tool call"),
+        ('<|python_tag|>{"name": "edit", "parameters": {"line": NaN}}', "NaN is not JSON"),
+        ("<|python_tag|>" + "[" * 5_000 + "]" * 5_000, "deep"),
+    ],
+)
 def test_malformed_llama3_json_call_is_content_with_parse_error(text: str, error: str) -> None:
     out = parse_completion(text, "llama3_json", TOOLS, ids())
     assert out.tool_calls == () and out.content == text.strip()

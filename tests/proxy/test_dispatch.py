@@ -24,11 +24,22 @@ from rollout_server.proxy.session import SessionStore
 
 HI = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 PATHS = [
-    "/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions", "/v1/responses",
-    "/v1beta/models/policy:generateContent", "/v1/models/policy:streamGenerateContent",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1beta/models/policy:generateContent",
+    "/v1/models/policy:streamGenerateContent",
     # Not model calls, or not routes at all: the fast path must pass them on.
-    "/", "/health", "/v1/models", "/v1/chat/completions/", "/v1/chat", "/v1beta/models/", "/v1beta/models/a/b",
-    "/admin/sessions", "/v2/messages",
+    "/",
+    "/health",
+    "/v1/models",
+    "/v1/chat/completions/",
+    "/v1/chat",
+    "/v1beta/models/",
+    "/v1beta/models/a/b",
+    "/admin/sessions",
+    "/v2/messages",
 ]
 
 
@@ -116,6 +127,6 @@ def test_json_parse_is_exactly_the_standard_librarys(value: Any) -> None:
 
 
 def test_integers_at_the_64_bit_edges_stay_integers() -> None:
-    for n in (2**63 - 1, 2**63, 2**64 - 1, 2**64, -2**63, -2**63 - 1, 10**30, -10**30):
+    for n in (2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**30, -(10**30)):
         parsed = jsonio.loads(json.dumps({"arguments": {"id": n}, "list": [n]}).encode())
         assert parsed == {"arguments": {"id": n}, "list": [n]} and type(parsed["list"][0]) is int

@@ -68,8 +68,9 @@ def test_concurrent_posts_each_get_their_own_answer(url: str) -> None:
         transport = EngineTransport(url)
         rounds = []
         for _ in range(2):  # the second round runs on the connections the first one left idle
-            rounds.append(await asyncio.gather(*(post_json(transport, "/v1/completions", f"call {i}" * i)
-                                                 for i in range(20))))
+            rounds.append(
+                await asyncio.gather(*(post_json(transport, "/v1/completions", f"call {i}" * i) for i in range(20)))
+            )
         await transport.aclose()
         return rounds[0], rounds[1]
 
@@ -134,9 +135,11 @@ def test_engine_restart_between_posts() -> None:
     """An engine restarted on the same port: uvicorn's shutdown closes the idle
     connection, the client's loop reads that close while it waits, and the
     next POST goes out on a new connection and succeeds."""
+
     async def serve(port: int) -> tuple[uvicorn.Server, asyncio.Task[None]]:
-        server = uvicorn.Server(uvicorn.Config(instrument_app(), host="127.0.0.1", port=port,
-                                               log_level="warning", lifespan="off"))
+        server = uvicorn.Server(
+            uvicorn.Config(instrument_app(), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        )
         task = asyncio.create_task(server.serve())
         while not server.started:
             await asyncio.sleep(0.005)
@@ -194,10 +197,15 @@ def test_connection_refused_names_host_and_port() -> None:
         asyncio.run(EngineTransport(f"http://127.0.0.1:{port}").post("/v1/completions", b"{}", 10))
 
 
-@pytest.mark.parametrize(("broken", "message"), [
-    (garbage, "malformed HTTP response"), (accept_and_close, "closed the connection mid-response"),
-    (close_mid_body, "closed the connection mid-response"), (continue_then_close, "closed the connection mid-response"),
-])
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [
+        (garbage, "malformed HTTP response"),
+        (accept_and_close, "closed the connection mid-response"),
+        (close_mid_body, "closed the connection mid-response"),
+        (continue_then_close, "closed the connection mid-response"),
+    ],
+)
 def test_broken_response_fails_and_the_pool_recovers(broken: Handler, message: str) -> None:
     server = RawServer(broken, answer_until_eof)
 
@@ -302,8 +310,9 @@ def test_aclose_closes_idle_connections() -> None:
     assert len(server.eof) == 3
 
 
-@pytest.mark.parametrize("base_url", ["ftp://engine:8000", "localhost:8000", "http://", "", "engine/v1",
-                                      "http://user:secret@engine:8000"])
+@pytest.mark.parametrize(
+    "base_url", ["ftp://engine:8000", "localhost:8000", "http://", "", "engine/v1", "http://user:secret@engine:8000"]
+)
 def test_bad_base_url_is_a_value_error(base_url: str) -> None:
     with pytest.raises(ValueError, match="engine URL must be"):
         EngineTransport(base_url)

@@ -12,15 +12,31 @@ import pytest
 from .scripted_engine import ScriptedEngine
 from .test_openai_chat import assert_captured, call_text
 
-TOOLS = [{"functionDeclarations": [{"name": "run_shell_command", "description": "Run a command.",
-                                    "parameters": {"type": "OBJECT", "properties": {"command": {"type": "STRING"}},
-                                                   "required": ["command"]}}]}]
+TOOLS = [
+    {
+        "functionDeclarations": [
+            {
+                "name": "run_shell_command",
+                "description": "Run a command.",
+                "parameters": {
+                    "type": "OBJECT",
+                    "properties": {"command": {"type": "STRING"}},
+                    "required": ["command"],
+                },
+            }
+        ]
+    }
+]
 
 
 def generate(base: str, key: str, contents: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
     action = "streamGenerateContent?alt=sse" if stream else "generateContent"
-    body = {"contents": contents, "tools": TOOLS, "systemInstruction": {"parts": [{"text": "You are Gemini CLI."}]},
-            "generationConfig": {"temperature": 0, "thinkingConfig": {"includeThoughts": True}}}
+    body = {
+        "contents": contents,
+        "tools": TOOLS,
+        "systemInstruction": {"parts": [{"text": "You are Gemini CLI."}]},
+        "generationConfig": {"temperature": 0, "thinkingConfig": {"includeThoughts": True}},
+    }
     reply = httpx.post(f"{base}/v1beta/models/policy:{action}", json=body, headers={"x-goog-api-key": key}, timeout=30)
     assert reply.status_code == 200, reply.text
     if not stream:
@@ -40,9 +56,13 @@ def test_gemini_cli_style_loop(proxy: Any, engine: ScriptedEngine, template: Any
     assert thought == {"text": "list", "thought": True}
     assert call["functionCall"]["name"] == "run_shell_command" and call["functionCall"]["args"] == {"command": "ls"}
     # The CLI drops thought parts and call ids when it sends the turn back.
-    contents += [{"role": "model", "parts": [{"functionCall": {"name": "run_shell_command", "args": {"command": "ls"}}}]},
-                 {"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command",
-                                                                  "response": {"output": "a\nb"}}}]}]
+    contents += [
+        {"role": "model", "parts": [{"functionCall": {"name": "run_shell_command", "args": {"command": "ls"}}}]},
+        {
+            "role": "user",
+            "parts": [{"functionResponse": {"name": "run_shell_command", "response": {"output": "a\nb"}}}],
+        },
+    ]
     final = generate(session["urls"]["gemini"], session["key"], contents, stream)
     assert final["candidates"][0]["content"]["parts"] == [{"text": "Two files."}]
     assert final["candidates"][0]["finishReason"] == "STOP"

@@ -39,9 +39,19 @@ class Wire:
 
 def _chat_append(body: dict[str, Any], cid: str, args: dict[str, Any], result: str) -> None:
     body["messages"] += [  # compact arguments, as OpenCode re-serialises them
-        {"role": "assistant", "content": None, "tool_calls": [{"id": cid, "type": "function", "function": {
-            "name": "bash", "arguments": json.dumps(args, separators=(",", ":"))}}]},
-        {"role": "tool", "tool_call_id": cid, "content": result}]
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": cid,
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": json.dumps(args, separators=(",", ":"))},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": cid, "content": result},
+    ]
 
 
 def _chat_call(reply: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -55,8 +65,17 @@ def _anthropic_append(body: dict[str, Any], cid: str, args: dict[str, Any], resu
             block.pop("cache_control", None)
     body["messages"] += [
         {"role": "assistant", "content": [{"type": "tool_use", "id": cid, "name": "bash", "input": args}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": cid,
-                                      "content": [{"type": "text", "text": result, "cache_control": CACHE}]}]}]
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": cid,
+                    "content": [{"type": "text", "text": result, "cache_control": CACHE}],
+                }
+            ],
+        },
+    ]
 
 
 def _anthropic_call(reply: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -65,8 +84,10 @@ def _anthropic_call(reply: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def _responses_append(body: dict[str, Any], cid: str, args: dict[str, Any], result: str) -> None:
-    body["input"] += [{"type": "function_call", "call_id": cid, "name": "bash", "arguments": json.dumps(args)},
-                      {"type": "function_call_output", "call_id": cid, "output": result}]
+    body["input"] += [
+        {"type": "function_call", "call_id": cid, "name": "bash", "arguments": json.dumps(args)},
+        {"type": "function_call_output", "call_id": cid, "output": result},
+    ]
 
 
 def _responses_call(reply: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -77,7 +98,8 @@ def _responses_call(reply: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def _gemini_append(body: dict[str, Any], cid: str, args: dict[str, Any], result: str) -> None:
     body["contents"] += [  # thought parts dropped, as Gemini CLI does
         {"role": "model", "parts": [{"functionCall": {"name": "bash", "args": args}}]},
-        {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {"output": result}}}]}]
+        {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {"output": result}}}]},
+    ]
 
 
 def _gemini_call(reply: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -89,29 +111,70 @@ _GEMINI_BASH = copy.deepcopy(GEMINI_TOOLS)
 _GEMINI_BASH[0]["functionDeclarations"][0]["name"] = "bash"
 
 WIRES = {
-    "openai_chat": Wire("/v1/chat/completions", lambda: {"model": "m", "tools": [BASH], "messages": [
-        {"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the bug."}]},
-        _chat_call, _chat_append),
-    "anthropic": Wire("/v1/messages", lambda: {
-        "model": "m", "max_tokens": 512, "system": "You are Claude Code.",
-        "tools": [{"name": "bash", "description": "Run.", "input_schema": BASH["function"]["parameters"]}],
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "Fix the bug.", "cache_control": CACHE}]}]},
-        _anthropic_call, _anthropic_append),
-    "openai_responses": Wire("/v1/responses", lambda: {"model": "m", "tools": [
-        {"type": "function", "name": "bash", "description": "Run.", "parameters": BASH["function"]["parameters"]}],
-        "input": [{"type": "message", "role": "developer", "content": "You are Codex."},
-                  {"type": "message", "role": "user", "content": "Fix the bug."}]},
-        _responses_call, _responses_append),
-    "gemini": Wire("/v1beta/models/policy:generateContent", lambda: {
-        "contents": [{"role": "user", "parts": [{"text": "Fix the bug."}]}], "tools": _GEMINI_BASH,
-        "systemInstruction": {"parts": [{"text": "You are Gemini CLI."}]}},
-        _gemini_call, _gemini_append),
+    "openai_chat": Wire(
+        "/v1/chat/completions",
+        lambda: {
+            "model": "m",
+            "tools": [BASH],
+            "messages": [
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "Fix the bug."},
+            ],
+        },
+        _chat_call,
+        _chat_append,
+    ),
+    "anthropic": Wire(
+        "/v1/messages",
+        lambda: {
+            "model": "m",
+            "max_tokens": 512,
+            "system": "You are Claude Code.",
+            "tools": [{"name": "bash", "description": "Run.", "input_schema": BASH["function"]["parameters"]}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Fix the bug.", "cache_control": CACHE}]}
+            ],
+        },
+        _anthropic_call,
+        _anthropic_append,
+    ),
+    "openai_responses": Wire(
+        "/v1/responses",
+        lambda: {
+            "model": "m",
+            "tools": [
+                {
+                    "type": "function",
+                    "name": "bash",
+                    "description": "Run.",
+                    "parameters": BASH["function"]["parameters"],
+                }
+            ],
+            "input": [
+                {"type": "message", "role": "developer", "content": "You are Codex."},
+                {"type": "message", "role": "user", "content": "Fix the bug."},
+            ],
+        },
+        _responses_call,
+        _responses_append,
+    ),
+    "gemini": Wire(
+        "/v1beta/models/policy:generateContent",
+        lambda: {
+            "contents": [{"role": "user", "parts": [{"text": "Fix the bug."}]}],
+            "tools": _GEMINI_BASH,
+            "systemInstruction": {"parts": [{"text": "You are Gemini CLI."}]},
+        },
+        _gemini_call,
+        _gemini_append,
+    ),
 }
 
 
 @pytest.mark.parametrize("dialect", sorted(WIRES))
-def test_tool_loop_renders_incrementally_and_token_exactly(proxy: Any, engine: ScriptedEngine, dialect: str,
-                                                           incremental_renders: list[Any]) -> None:
+def test_tool_loop_renders_incrementally_and_token_exactly(
+    proxy: Any, engine: ScriptedEngine, dialect: str, incremental_renders: list[Any]
+) -> None:
     wire = WIRES[dialect]
     key = proxy.new_session()["key"]
     engine.push(*(call_text("bash", {"command": f"step {i}"}, thought=f"think {i}") for i in range(TURNS)), "Done.")
@@ -171,14 +234,19 @@ def test_template_with_non_local_turns_never_renders_incrementally(tokenizer: An
     numbered = copy.deepcopy(tokenizer)
     # Each turn shows how many messages the conversation holds: the text after a turn depends on what came before.
     numbered.chat_template = tokenizer.chat_template.replace(
-        '"<|im_start|>user\\n" ~ content', '"<|im_start|>user\\n" ~ (messages | length) ~ content')
+        '"<|im_start|>user\\n" ~ content', '"<|im_start|>user\\n" ~ (messages | length) ~ content'
+    )
     assert numbered.chat_template != tokenizer.chat_template
     template = ChatTemplate(numbered)
     assert not template.incremental and ChatTemplate(tokenizer).incremental
     turn = _turn(template, 0, "hi")
     memo = PrefixMemo()
     for extra in range(3):
-        messages = [Message("user", "q"), Message("assistant", "hi"), *[Message("user", f"u{j}") for j in range(extra + 1)]]
+        messages = [
+            Message("user", "q"),
+            Message("assistant", "hi"),
+            *[Message("user", f"u{j}") for j in range(extra + 1)],
+        ]
         assert not template.render(ChatRequest(messages), {1: turn}, True, memo).incremental
 
 
@@ -189,7 +257,8 @@ def test_template_whose_turns_read_the_system_message_keeps_it_in_incremental_re
     reading = copy.deepcopy(tokenizer)
     system_text = '(messages[0].content if messages[0].role == "system" else "")'
     reading.chat_template = tokenizer.chat_template.replace(
-        '"<|im_start|>user\\n" ~ content', f'"<|im_start|>user\\n" ~ {system_text} ~ content')
+        '"<|im_start|>user\\n" ~ content', f'"<|im_start|>user\\n" ~ {system_text} ~ content'
+    )
     assert reading.chat_template != tokenizer.chat_template
     plain, system_reading = ChatTemplate(tokenizer), ChatTemplate(reading)
     assert plain._suffix_without_system and not system_reading._suffix_without_system
@@ -207,13 +276,16 @@ def test_tool_call_turns_with_reused_ids_keep_their_places(template: ChatTemplat
     memo = PrefixMemo()
     base = [Message("user", "q"), Message("assistant", "", tool_calls=[call]), Message("tool", "a", tool_call_id="c1")]
     first = template.render(ChatRequest(base), {1: turn}, True, memo)
-    longer = [*base, Message("assistant", "done"), Message("tool", "b", tool_call_id="c2"),
-              Message("tool", "c", tool_call_id="c3")]
+    longer = [
+        *base,
+        Message("assistant", "done"),
+        Message("tool", "b", tool_call_id="c2"),
+        Message("tool", "c", tool_call_id="c3"),
+    ]
     second = template.render(ChatRequest(longer), {1: turn, 3: turn2}, True, memo)
     assert second.incremental and second.ids[: len(first.ids)] == first.ids
-    assert [(at, t.index) for at, t in second.reused_spans] == [(first.reused_spans[0][0], 0),
-                                                                 (len(first.ids), 1)]
-    assert second.ids[len(first.ids): len(first.ids) + len(turn2.ids)] == list(turn2.ids)
+    assert [(at, t.index) for at, t in second.reused_spans] == [(first.reused_spans[0][0], 0), (len(first.ids), 1)]
+    assert second.ids[len(first.ids) : len(first.ids) + len(turn2.ids)] == list(turn2.ids)
 
 
 def test_memo_moves_on_to_the_turn_the_call_sampled(template: ChatTemplate) -> None:
@@ -241,8 +313,9 @@ def test_memo_moves_on_to_the_turn_the_call_sampled(template: ChatTemplate) -> N
 
 # The last user message marked always, or only when no tools are given (the check renders both ways).
 @pytest.mark.parametrize("mark", ['("." if loop.last else "")', '("." if loop.last and not tools else "")'])
-def test_template_whose_prompts_differ_from_the_history_keeps_the_memo_at_reused_turns(tokenizer: Any,
-                                                                                         mark: str) -> None:
+def test_template_whose_prompts_differ_from_the_history_keeps_the_memo_at_reused_turns(
+    tokenizer: Any, mark: str
+) -> None:
     """A template whose last message renders differently from the same
     message further back: the prompt a turn was sampled for is no prefix of
     the later conversation, so the memo is not moved on to sampled turns,
@@ -250,7 +323,8 @@ def test_template_whose_prompts_differ_from_the_history_keeps_the_memo_at_reused
     marking = copy.deepcopy(tokenizer)
     marking.chat_template = tokenizer.chat_template.replace(
         '"<|im_start|>user\\n" ~ content ~ "<|im_end|>\\n"',
-        f'"<|im_start|>user\\n" ~ content ~ {mark} ~ "<|im_end|>\\n"')
+        f'"<|im_start|>user\\n" ~ content ~ {mark} ~ "<|im_end|>\\n"',
+    )
     assert marking.chat_template != tokenizer.chat_template
     template = ChatTemplate(marking)
     assert template.incremental and not template._prompts_extend
@@ -261,4 +335,3 @@ def test_template_whose_prompts_differ_from_the_history_keeps_the_memo_at_reused
     assert not memo.valid
     _, full = _grow(template, [_turn(template, i, f"answer {i}") for i in range(3)], PrefixMemo())
     assert "q3." in template.decode(full.ids) and "q2." not in template.decode(full.ids)
-

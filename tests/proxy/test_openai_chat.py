@@ -12,20 +12,31 @@ import pytest
 
 from .scripted_engine import ScriptedEngine
 
-BASH = {"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
-                                         "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                                                        "required": ["command"]}}}
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+}
 
 
 def call_text(name: str, args: dict[str, Any], thought: str = "I should look.", prose: str = "") -> str:
-    return (f"<think>\n{thought}\n</think>\n\n{prose}"
-            f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>")
+    return (
+        f"<think>\n{thought}\n</think>\n\n{prose}"
+        f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+    )
 
 
 def assert_captured(seq: dict[str, Any], engine: ScriptedEngine) -> None:
     """Every masked-in token is one the engine sampled, in order, with its logprob."""
-    sampled = [(t, lp) for t, m, lp in zip(seq["token_ids"], seq["loss_mask"], seq["behavior_logprobs"], strict=True) if m]
-    emitted = [(t, lp) for reply in engine.log.replies for t, lp in zip(reply["token_ids"], reply["logprobs"], strict=True)]
+    sampled = [
+        (t, lp) for t, m, lp in zip(seq["token_ids"], seq["loss_mask"], seq["behavior_logprobs"], strict=True) if m
+    ]
+    emitted = [
+        (t, lp) for reply in engine.log.replies for t, lp in zip(reply["token_ids"], reply["logprobs"], strict=True)
+    ]
     assert sampled == emitted
 
 
@@ -35,15 +46,22 @@ def test_tool_loop_merges_into_one_sequence(proxy: Any, engine: ScriptedEngine, 
     client = openai.OpenAI(base_url=session["urls"]["openai"], api_key=session["key"])
     engine.push(call_text("bash", {"command": "ls -la"}), "All done: two files.")
 
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."},
-                                      {"role": "user", "content": "List the files."}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "List the files."},
+    ]
     if stream:
-        chunks = list(client.chat.completions.create(model="m", messages=messages, tools=[BASH], stream=True,
-                                                     stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model="m", messages=messages, tools=[BASH], stream=True, stream_options={"include_usage": True}
+            )
+        )
         calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
         call_id, name, args = calls[0].id, calls[0].function.name, calls[0].function.arguments
         assert chunks[-2].choices[0].finish_reason == "tool_calls"
-        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(engine.log.replies[0]["token_ids"])
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(
+            engine.log.replies[0]["token_ids"]
+        )
     else:
         reply = client.chat.completions.create(model="m", messages=messages, tools=[BASH])
         call = reply.choices[0].message.tool_calls[0]
@@ -53,8 +71,13 @@ def test_tool_loop_merges_into_one_sequence(proxy: Any, engine: ScriptedEngine, 
 
     # The harness re-serialises the arguments compactly, as OpenCode does.
     messages += [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls -la"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls -la"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": call_id, "content": "a.txt\nb.txt"},
     ]
     final = client.chat.completions.create(model="m", messages=messages, tools=[BASH])
@@ -68,5 +91,6 @@ def test_tool_loop_merges_into_one_sequence(proxy: Any, engine: ScriptedEngine, 
     # Each prompt the engine saw extends the previous prompt + completion exactly.
     first_prompt, second_prompt = engine.log.prompts
     assert second_prompt[: len(first_prompt) + len(engine.log.replies[0]["token_ids"])] == (
-        first_prompt + engine.log.replies[0]["token_ids"])
+        first_prompt + engine.log.replies[0]["token_ids"]
+    )
     assert seq["token_ids"] == second_prompt + engine.log.replies[1]["token_ids"]

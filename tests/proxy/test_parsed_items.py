@@ -44,9 +44,17 @@ def test_unchanged_items_are_not_parsed_again_and_keep_their_messages() -> None:
     assert third[1].content == '{"b": [2, 4]}'
 
 
-@pytest.mark.parametrize(("before", "after"), [
-    (1, 1.0), (1, True), (0, False), (0.0, -0.0), (None, float("nan")), (float("nan"), float("nan")),
-])
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (1, 1.0),
+        (1, True),
+        (0, False),
+        (0.0, -0.0),
+        (None, float("nan")),
+        (float("nan"), float("nan")),
+    ],
+)
 def test_values_equal_in_python_but_not_in_json_are_parsed_again(before: Any, after: Any) -> None:
     memo, parse = ItemMemo(), CountingParser()
     parse_items([{"x": before}], "messages", parse, memo)
@@ -64,19 +72,38 @@ def test_a_bad_item_is_reported_and_leaves_the_memo_as_it_was() -> None:
 
 
 _TOOL_LOOPS: dict[str, tuple[Any, str, list[Any]]] = {
-    "openai_chat": (OpenAIChat(), "messages", [
-        {"role": "system", "content": "s"}, {"role": "user", "content": "q"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"n": 1}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "out"}]),
-    "anthropic": (Anthropic(), "messages", [
-        {"role": "user", "content": "q"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {"n": 1}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "out"}]}]),
-    "gemini": (Gemini(), "contents", [
-        {"role": "user", "parts": [{"text": "q"}]},
-        {"role": "model", "parts": [{"functionCall": {"name": "bash", "args": {"n": 1}}}]},
-        {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {"output": "out"}}}]}]),
+    "openai_chat": (
+        OpenAIChat(),
+        "messages",
+        [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "q"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"n": 1}'}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "out"},
+        ],
+    ),
+    "anthropic": (
+        Anthropic(),
+        "messages",
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {"n": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "out"}]},
+        ],
+    ),
+    "gemini": (
+        Gemini(),
+        "contents",
+        [
+            {"role": "user", "parts": [{"text": "q"}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "bash", "args": {"n": 1}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {"output": "out"}}}]},
+        ],
+    ),
 }
 
 
@@ -110,13 +137,23 @@ def test_each_dialect_keeps_its_own_parse(proxy: Any, engine: Any) -> None:
     """A session answers on every dialect's routes, and an item parses
     differently in each: Anthropic's tool blocks are no chat content."""
     key = proxy.new_session()["key"]
-    messages = [{"role": "user", "content": "q"},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "out"}]}]
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "out"}]},
+    ]
     engine.push("done")
-    anthropic = httpx.post(f"{proxy.url}/v1/messages", headers={"x-api-key": key}, timeout=30,
-                           json={"model": "m", "max_tokens": 64, "messages": messages})
+    anthropic = httpx.post(
+        f"{proxy.url}/v1/messages",
+        headers={"x-api-key": key},
+        timeout=30,
+        json={"model": "m", "max_tokens": 64, "messages": messages},
+    )
     assert anthropic.status_code == 200, anthropic.text
-    chat = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"x-api-key": key}, timeout=30,
-                      json={"model": "m", "messages": messages})
+    chat = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        headers={"x-api-key": key},
+        timeout=30,
+        json={"model": "m", "messages": messages},
+    )
     assert chat.status_code == 400 and "tool_use" in chat.json()["error"]["message"]

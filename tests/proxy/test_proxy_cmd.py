@@ -32,8 +32,12 @@ from .scripted_engine import ScriptedEngine, ServerThread
 def legorl_proxy(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`legorl proxy ARGS` with its output in `log_path`, terminated on exit."""
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "legorl_jax.cli", "proxy", "--port", "0", *args],
-                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "legorl_jax.cli", "proxy", "--port", "0", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             yield proc
         finally:
@@ -59,13 +63,19 @@ def test_legorl_proxy_command(_engine_server: tuple[ScriptedEngine, str], tokeni
     model_dir = tmp_path / "model"
     tokenizer.save_pretrained(model_dir)
     log = tmp_path / "proxy.log"
-    with legorl_proxy(["--engine-url", engine_url, "--model", str(model_dir), "--set", "proxy.max_model_calls=1"],
-                      log) as proc:
+    with legorl_proxy(
+        ["--engine-url", engine_url, "--model", str(model_dir), "--set", "proxy.max_model_calls=1"], log
+    ) as proc:
         found_url, found_token = wait_for_log(proc, log, r"Uvicorn running on (http://\S+)", r"admin token (\S+)")
         url, token = found_url.group(1), found_token.group(1)
         assert "context 4096" in log.read_text()  # asked of the engine's /v1/models
-        made = httpx.post(f"{url}/admin/sessions", json={"labels": {"run": "cli"}},
-                          headers={"authorization": f"Bearer {token}"}).json()
+        made = httpx.post(
+            f"{url}/admin/sessions", json={"labels": {"run": "cli"}}, headers={"authorization": f"Bearer {token}"}
+        ).json()
+        # An engine whose card names no `legorl` owner is taken for vLLM: prompt logprobs at temperature 1 only.
+        recompute = {"recompute_logprobs": True, "sampling": {"temperature": 0.5}}
+        refused = httpx.post(f"{url}/admin/sessions", json=recompute, headers={"authorization": f"Bearer {token}"})
+        assert refused.status_code == 400 and "temperature 1" in refused.text
         client = openai.OpenAI(base_url=made["urls"]["openai"], api_key=made["key"], max_retries=0)
         reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].message.content == "ok"
@@ -88,8 +98,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_legorl_proxy_waits_for_an_engine_that_starts_late(tokenizer: Any, tokenizer_dir: Path,
-                                                           tmp_path: Path) -> None:
+def test_legorl_proxy_waits_for_an_engine_that_starts_late(tokenizer: Any, tokenizer_dir: Path, tmp_path: Path) -> None:
     """Started before its engine, as a deployment starts them, the proxy
     waits, saying so, then serves with the engine's context rather than a
     config default; its --chat-template replaces the model's own, which
@@ -100,8 +109,16 @@ def test_legorl_proxy_waits_for_an_engine_that_starts_late(tokenizer: Any, token
     port = _free_port()
     engine = ScriptedEngine(tokenizer, max_model_len=98_304)
     log = tmp_path / "proxy.log"
-    args = ["--engine-url", f"http://127.0.0.1:{port}", "--model", str(model_dir), "--chat-template",
-            str(template_file), "--admin-token", "t"]
+    args = [
+        "--engine-url",
+        f"http://127.0.0.1:{port}",
+        "--model",
+        str(model_dir),
+        "--chat-template",
+        str(template_file),
+        "--admin-token",
+        "t",
+    ]
     with legorl_proxy(args, log) as proc:
         wait_for_log(proc, log, r"waiting for the engine at http://127\.0\.0\.1:\d+ \(\d+ of 120 s")
         with ServerThread(engine.app, port=port):
@@ -109,17 +126,28 @@ def test_legorl_proxy_waits_for_an_engine_that_starts_late(tokenizer: Any, token
             assert "context 98304" in log.read_text()
             made = httpx.post(f"{found.group(1)}/admin/sessions", json={}, headers={"authorization": "Bearer t"}).json()
             client = openai.OpenAI(base_url=made["urls"]["openai"], api_key=made["key"], max_retries=0)
-            reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                                   tools=[BASH])
+            reply = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], tools=[BASH]
+            )
             assert reply.choices[0].message.content == "ok"
     assert "<tools>" in tokenizer.decode(engine.log.prompts[0])
     assert "renders no tools" not in log.read_text()
 
 
-def test_engine_wait_is_bounded_and_ends_with_a_clear_error(tokenizer_dir: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    args = build_parser().parse_args(["proxy", "--engine-url", f"http://127.0.0.1:{_free_port()}", "--model",
-                                      str(tokenizer_dir), "--engine-wait-s", "1.5"])
+def test_engine_wait_is_bounded_and_ends_with_a_clear_error(
+    tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = build_parser().parse_args(
+        [
+            "proxy",
+            "--engine-url",
+            f"http://127.0.0.1:{_free_port()}",
+            "--model",
+            str(tokenizer_dir),
+            "--engine-wait-s",
+            "1.5",
+        ]
+    )
     with pytest.raises(SystemExit, match=r"did not answer \S+/v1/models within 1.5 s .*--engine-wait-s"):
         proxy_cmd.run(args)
     assert "waiting for the engine" in capsys.readouterr().err
@@ -132,14 +160,27 @@ def test_engine_without_a_context_length_is_an_error(tokenizer: Any, tokenizer_d
             proxy_cmd.run(args)
 
 
-def test_explicit_context_and_model_id_skip_the_engine_wait(tokenizer_dir: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explicit_context_and_model_id_skip_the_engine_wait(
+    tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     served: dict[str, Any] = {}
     monkeypatch.setattr("legorl_jax.serve.drain.serve", lambda app, **_: served.update(app=app))
     monkeypatch.setattr(gc, "freeze", lambda: None)  # the test process's objects stay collectable
-    args = build_parser().parse_args(["proxy", "--engine-url", f"http://127.0.0.1:{_free_port()}", "--model",
-                                      str(tokenizer_dir), "--max-context", "98304", "--served-model-name", "m",
-                                      "--engine-wait-s", "600"])
+    args = build_parser().parse_args(
+        [
+            "proxy",
+            "--engine-url",
+            f"http://127.0.0.1:{_free_port()}",
+            "--model",
+            str(tokenizer_dir),
+            "--max-context",
+            "98304",
+            "--served-model-name",
+            "m",
+            "--engine-wait-s",
+            "600",
+        ]
+    )
     assert proxy_cmd.run(args) == 0
     core = served["app"].core
     assert core.max_context == 98_304 and core.engine.model == "m"

@@ -15,10 +15,19 @@ from .scripted_engine import ScriptedEngine
 from .test_openai_chat import assert_captured, call_text
 
 TOOLS = [
-    {"type": "function", "name": "shell", "description": "Run a command.", "strict": False,
-     "parameters": {"type": "object", "properties": {"cmd": {"type": "array", "items": {"type": "string"}}}}},
-    {"type": "custom", "name": "apply_patch", "description": "Apply a patch.",
-     "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+    {
+        "type": "function",
+        "name": "shell",
+        "description": "Run a command.",
+        "strict": False,
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "array", "items": {"type": "string"}}}},
+    },
+    {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Apply a patch.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+    },
     {"type": "web_search"},
 ]
 
@@ -35,9 +44,11 @@ def create(client: openai.OpenAI, items: list[dict[str, Any]], stream: bool) -> 
 def test_codex_style_loop(proxy: Any, engine: ScriptedEngine, stream: bool) -> None:
     session = proxy.new_session()
     client = openai.OpenAI(base_url=session["urls"]["openai"], api_key=session["key"], max_retries=0)
-    engine.push(call_text("shell", {"cmd": ["ls"]}, thought="look around"),
-                call_text("apply_patch", {"input": "*** Begin Patch\n*** End Patch"}, thought="patch it"),
-                "Patched.")
+    engine.push(
+        call_text("shell", {"cmd": ["ls"]}, thought="look around"),
+        call_text("apply_patch", {"input": "*** Begin Patch\n*** End Patch"}, thought="patch it"),
+        "Patched.",
+    )
     items: list[dict[str, Any]] = [
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix it."}]},
@@ -76,48 +87,107 @@ def test_string_input_instructions_and_errors(proxy: Any, engine: ScriptedEngine
 # As Codex 0.17x sent them (trimmed): a `namespace` tool grouping sub-agent functions
 # beside plain ones, and a namespaced call coming back with its `namespace`.
 CODEX_TOOLS = [
-    {"type": "function", "name": "exec_command", "description": "Runs a command in a PTY.", "strict": False,
-     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"],
-                    "additionalProperties": False}},
-    {"type": "namespace", "name": "multi_agent_v1", "description": "Tools for spawning and managing sub-agents.",
-     "tools": [{"type": "function", "name": "close_agent", "description": "Close an agent.", "strict": False,
-                "parameters": {"type": "object", "properties": {"target": {"type": "string"}},
-                               "required": ["target"], "additionalProperties": False}},
-               {"type": "function", "name": "exec_command", "description": "Run in an agent.", "strict": False,
-                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]},
+    {
+        "type": "function",
+        "name": "exec_command",
+        "description": "Runs a command in a PTY.",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": {"cmd": {"type": "string"}},
+            "required": ["cmd"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Tools for spawning and managing sub-agents.",
+        "tools": [
+            {
+                "type": "function",
+                "name": "close_agent",
+                "description": "Close an agent.",
+                "strict": False,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"target": {"type": "string"}},
+                    "required": ["target"],
+                    "additionalProperties": False,
+                },
+            },
+            {
+                "type": "function",
+                "name": "exec_command",
+                "description": "Run in an agent.",
+                "strict": False,
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+            },
+        ],
+    },
     {"type": "web_search", "external_web_access": True},
 ]
 
 
 def test_namespace_tools_as_codex_sends_them(proxy: Any, engine: ScriptedEngine, template: Any) -> None:
     session = proxy.new_session()
-    engine.push(call_text("close_agent", {"target": "a1"}),
-                call_text("multi_agent_v1.exec_command", {"cmd": "ls"}), "Done.")
+    engine.push(
+        call_text("close_agent", {"target": "a1"}), call_text("multi_agent_v1.exec_command", {"cmd": "ls"}), "Done."
+    )
     items: list[dict[str, Any]] = [
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tidy up."}]}]
-    for expected, args in ((("multi_agent_v1", "close_agent"), {"target": "a1"}),
-                           (("multi_agent_v1", "exec_command"), {"cmd": "ls"})):
-        reply = httpx.post(f"{session['urls']['openai']}/responses", headers={"authorization": f"Bearer {session['key']}"},
-                           json={"model": "policy", "input": items, "tools": CODEX_TOOLS, "store": False}, timeout=30)
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tidy up."}]},
+    ]
+    for expected, args in (
+        (("multi_agent_v1", "close_agent"), {"target": "a1"}),
+        (("multi_agent_v1", "exec_command"), {"cmd": "ls"}),
+    ):
+        reply = httpx.post(
+            f"{session['urls']['openai']}/responses",
+            headers={"authorization": f"Bearer {session['key']}"},
+            json={"model": "policy", "input": items, "tools": CODEX_TOOLS, "store": False},
+            timeout=30,
+        )
         assert reply.status_code == 200, reply.text
         reasoning, call = reply.json()["output"]
         # Codex dispatches a namespaced tool only when the call names its namespace.
         assert (call["namespace"], call["name"]) == expected and json.loads(call["arguments"]) == args
-        items += [reasoning, {"type": "function_call", "status": "completed", "id": call["id"], "name": call["name"],
-                              "namespace": call["namespace"], "arguments": call["arguments"], "call_id": call["call_id"]},
-                  {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}]
+        items += [
+            reasoning,
+            {
+                "type": "function_call",
+                "status": "completed",
+                "id": call["id"],
+                "name": call["name"],
+                "namespace": call["namespace"],
+                "arguments": call["arguments"],
+                "call_id": call["call_id"],
+            },
+            {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"},
+        ]
     prompt = template.decode(engine.log.prompts[0])
     # Unique inner names stay bare; the inner exec_command would clash with the top-level one.
     assert '"name": "close_agent"' in prompt and '"name": "multi_agent_v1.exec_command"' in prompt
     assert '"name": "exec_command"' in prompt and "web_search" not in prompt
-    reply = httpx.post(f"{session['urls']['openai']}/responses", headers={"authorization": f"Bearer {session['key']}"},
-                       json={"model": "policy", "input": items, "tools": CODEX_TOOLS, "store": False}, timeout=30)
+    reply = httpx.post(
+        f"{session['urls']['openai']}/responses",
+        headers={"authorization": f"Bearer {session['key']}"},
+        json={"model": "policy", "input": items, "tools": CODEX_TOOLS, "store": False},
+        timeout=30,
+    )
     assert reply.json()["output"][0]["content"][0]["text"] == "Done."
     traj = proxy.trajectory(session["key"])
-    assert [c["merged"] for c in traj["calls"]] == [False, True, True] and [c["reused_turns"] for c in traj["calls"]] == [0, 1, 2]
+    assert [c["merged"] for c in traj["calls"]] == [False, True, True] and [
+        c["reused_turns"] for c in traj["calls"]
+    ] == [0, 1, 2]
     assert_captured(traj["sequences"][0], engine)
-    bad = httpx.post(f"{session['urls']['openai']}/responses", headers={"authorization": f"Bearer {session['key']}"},
-                     json={"model": "policy", "input": "x", "tools": [
-                         {"type": "namespace", "name": "n", "tools": [{"type": "namespace", "name": "m", "tools": []}]}]})
+    bad = httpx.post(
+        f"{session['urls']['openai']}/responses",
+        headers={"authorization": f"Bearer {session['key']}"},
+        json={
+            "model": "policy",
+            "input": "x",
+            "tools": [{"type": "namespace", "name": "n", "tools": [{"type": "namespace", "name": "m", "tools": []}]}],
+        },
+    )
     assert bad.status_code == 400 and "tools[0].tools[0].type" in bad.json()["error"]["message"]

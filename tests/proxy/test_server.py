@@ -15,11 +15,17 @@ from rollout_server.proxy.session import SessionSpec
 from .scripted_engine import ScriptedEngine, ServerThread
 
 
-def test_build_core_applies_the_proxy_config(engine: ScriptedEngine, _engine_server: tuple[ScriptedEngine, str],
-                                             tokenizer: Any, tmp_path: Path) -> None:
+def test_build_core_applies_the_proxy_config(
+    engine: ScriptedEngine, _engine_server: tuple[ScriptedEngine, str], tokenizer: Any, tmp_path: Path
+) -> None:
     tokenizer.save_pretrained(tmp_path)
-    core = build_core(tmp_path, _engine_server[1], served_model="scripted", max_context=4096,
-                      config=ProxyConfig(max_model_calls=7, tool_call_format="qwen3_coder"))
+    core = build_core(
+        tmp_path,
+        _engine_server[1],
+        served_model="scripted",
+        max_context=4096,
+        config=ProxyConfig(max_model_calls=7, tool_call_format="qwen3_coder"),
+    )
     engine.push("<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</function>\n</tool_call>")
     session = core.store.create(SessionSpec())
     assert session.spec.caps is not None and session.spec.caps.max_model_calls == 7

@@ -7,8 +7,16 @@ from typing import Any
 from rollout_server.proxy.trajectory import CapturedTrajectory
 
 
-def sample(traj: CapturedTrajectory, prompt: list[int], completion: list[int], root: str = "main", *, tools: bool = True,
-           history: bool = True, version: int = 0) -> tuple[int, bool]:
+def sample(
+    traj: CapturedTrajectory,
+    prompt: list[int],
+    completion: list[int],
+    root: str = "main",
+    *,
+    tools: bool = True,
+    history: bool = True,
+    version: int = 0,
+) -> tuple[int, bool]:
     seq, merged = traj.place(prompt, root, has_tools=tools, has_history=history, policy_version=version)
     seq.extend(completion, [1] * len(completion), [-0.5] * len(completion))
     return seq.index, merged

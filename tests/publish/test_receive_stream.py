@@ -108,29 +108,33 @@ CORRUPTIONS: dict[str, tuple[Callable[[Messages], Messages], str]] = {
         "12345 bytes in total",
     ),
     "index nested deeper than JSON parses": (
-        lambda g: with_header(g, {INDEX_FILE: b"[" * 100_000}), "not a safetensors index"
+        lambda g: with_header(g, {INDEX_FILE: b"[" * 100_000}),
+        "not a safetensors index",
     ),
     "index maps a tensor to a number": (
-        lambda g: with_header(g, {INDEX_FILE: index_with(g, weight_map={"a": 3})}), "not a safetensors index"
+        lambda g: with_header(g, {INDEX_FILE: index_with(g, weight_map={"a": 3})}),
+        "not a safetensors index",
     ),
     "total size not a byte count": (
-        lambda g: with_header(g, {INDEX_FILE: index_with(g, metadata={"total_size": "many"})}), "not a byte count"
+        lambda g: with_header(g, {INDEX_FILE: index_with(g, metadata={"total_size": "many"})}),
+        "not a byte count",
     ),
     "total size beyond the disk": (
-        lambda g: with_header(g, {INDEX_FILE: index_with(g, metadata={"total_size": 2**70})}), "free on disk"
+        lambda g: with_header(g, {INDEX_FILE: index_with(g, metadata={"total_size": 2**70})}),
+        "free on disk",
     ),
     # A shape is sized before anything is allocated: numpy would fail (or reserve terabytes) on these.
     "tensor shape of 2^40 elements": (
-        lambda g: replaced(g, 1, edited(g[1], shape=[2**40])), "needs [0-9]+ bytes; .* exceeds the"
+        lambda g: replaced(g, 1, edited(g[1], shape=[2**40])),
+        "needs [0-9]+ bytes; .* exceeds the",
     ),
     "tensor shape of 2^40 elements, no total size in the index": (
-        lambda g: replaced(
-            with_header(g, {INDEX_FILE: index_with(g, metadata={})}), 1, edited(g[1], shape=[2**40])
-        ),
+        lambda g: replaced(with_header(g, {INDEX_FILE: index_with(g, metadata={})}), 1, edited(g[1], shape=[2**40])),
         "needs [0-9]+ bytes; .* exceeds the",
     ),
     "tensor shape past 64 bits": (
-        lambda g: replaced(g, 1, edited(g[1], shape=[2**63, 2**63])), "needs [0-9]+ bytes; .* exceeds the"
+        lambda g: replaced(g, 1, edited(g[1], shape=[2**63, 2**63])),
+        "needs [0-9]+ bytes; .* exceeds the",
     ),
     "name not in index": (lambda g: replaced(g, 2, edited(g[2], name="model.sneaky")), "not in the header's index"),
     "unknown dtype": (lambda g: replaced(g, 1, edited(g[1], dtype="Q4")), "unknown safetensors dtype"),

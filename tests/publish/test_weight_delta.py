@@ -123,9 +123,7 @@ def test_published_deltas_rebuild_what_a_full_publish_stores(published: Publishe
     assert (rebuilt / "config.json").is_file()
 
 
-def test_a_host_in_step_takes_the_delta_beside_a_full_checkpoint(
-    published: Published, tmp_path: Path
-) -> None:
+def test_a_host_in_step_takes_the_delta_beside_a_full_checkpoint(published: Published, tmp_path: Path) -> None:
     deltas, fulls, _ = published
     host = tmp_path / "host"
     current = resolve_location(str(fulls / "v00000002"), host)  # what the host serves: version 2, in full

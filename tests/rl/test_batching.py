@@ -11,8 +11,11 @@ from legorl_jax.rl.batching import TrainSequence, pack_step
 def _seq(length: int, start: int, adv: float = 1.0, prompt: int = 2, version: int = 0) -> TrainSequence:
     mask = np.arange(length) >= prompt
     return TrainSequence(
-        np.arange(start, start + length, dtype=np.int32), mask,
-        np.where(mask, -0.5, 0.0).astype(np.float32), adv, version,
+        np.arange(start, start + length, dtype=np.int32),
+        mask,
+        np.where(mask, -0.5, 0.0).astype(np.float32),
+        adv,
+        version,
     )
 
 
@@ -96,9 +99,7 @@ def test_overlong_truncate_and_drop_are_counted() -> None:
 
 def test_row_multiple_and_seq_mean_weights() -> None:
     seqs = [_seq(6, 100 * i, prompt=i % 3 + 1) for i in range(1, 6)]
-    step = pack_step(
-        seqs, buckets=[8], micro_batch_tokens=40, row_multiple=2, aggregation="seq_mean_token_mean"
-    )
+    step = pack_step(seqs, buckets=[8], micro_batch_tokens=40, row_multiple=2, aggregation="seq_mean_token_mean")
     assert all(mb.tokens.shape[0] % 2 == 0 for mb in step.micro_batches)
     assert step.normaliser == 5
     for g in _unpack(step).values():

@@ -97,9 +97,7 @@ def _np_objective(seqs: list[Seq], cfg: RLConfig, const: float) -> tuple[float, 
 def _as_train(seqs: list[Seq], field: str) -> list[TrainSequence]:
     """Test instrument: packs one per-token field in the `behavior_logprobs` slot, so
     packing (deterministic) lays learner/reference logprobs out like the batch."""
-    return [
-        TrainSequence(np.arange(len(s.mask), dtype=np.int32), s.mask, getattr(s, field), s.adv) for s in seqs
-    ]
+    return [TrainSequence(np.arange(len(s.mask), dtype=np.int32), s.mask, getattr(s, field), s.adv) for s in seqs]
 
 
 def _jax_objective(seqs: list[Seq], cfg: RLConfig) -> tuple[float, list[np.ndarray], float]:
@@ -112,8 +110,12 @@ def _jax_objective(seqs: list[Seq], cfg: RLConfig) -> tuple[float, list[np.ndarr
 
         def objective(logp: jax.Array, mb: MicroBatch = mb, rmb: MicroBatch = rmb) -> jax.Array:
             inputs = PolicyInputs(
-                logp, jnp.asarray(mb.behavior_logprobs), jnp.asarray(mb.advantages),
-                jnp.asarray(mb.loss_mask), jnp.asarray(mb.seq_ids), mb.num_seqs,
+                logp,
+                jnp.asarray(mb.behavior_logprobs),
+                jnp.asarray(mb.advantages),
+                jnp.asarray(mb.loss_mask),
+                jnp.asarray(mb.seq_ids),
+                mb.num_seqs,
             )
             loss, _ = policy_loss(inputs, cfg, jnp.asarray(rmb.behavior_logprobs))
             return jnp.sum(loss * mb.loss_weight) / step.normaliser

@@ -37,10 +37,13 @@ def _sequences(step: PackedStep) -> dict[int, dict]:
             targets = np.flatnonzero((mb.seq_ids[r] == sid) & (mb.loss_mask[r] > 0))
             pred = mb.pred_from[r, targets] if mb.tree else targets
             out[(m, int(sid))] = {
-                "tokens": mb.tokens[r, chain], "positions": mb.positions[r, chain],
+                "tokens": mb.tokens[r, chain],
+                "positions": mb.positions[r, chain],
                 "adv": float(mb.advantages[r, targets[0]]),
                 # each target is predicted from the token before it in its own chain
-                "pred_ok": all(p in chain and chain[list(chain).index(p) + 1] == t + 1 for p, t in zip(pred, targets, strict=True)),
+                "pred_ok": all(
+                    p in chain and chain[list(chain).index(p) + 1] == t + 1 for p, t in zip(pred, targets, strict=True)
+                ),
             }
     return out
 

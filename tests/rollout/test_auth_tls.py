@@ -60,9 +60,7 @@ def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
     cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     return cert_path, key_path
 
@@ -99,7 +97,10 @@ def token_env(monkeypatch: pytest.MonkeyPatch) -> str:
 
 def server_config(engine_url: str, **security: str) -> Config:
     overrides = [
-        "engine.kind=external", f"engine.url={engine_url}", "sandbox.kind=local", "fleet.capacity_per_server=2"
+        "engine.kind=external",
+        f"engine.url={engine_url}",
+        "sandbox.kind=local",
+        "fleet.capacity_per_server=2",
     ]
     return load_config(None, overrides + [f"fleet.security.{k}={v}" for k, v in security.items()])
 
@@ -178,9 +179,7 @@ def test_fleet_with_token_and_ca_end_to_end(
 ) -> None:
     from legorl_jax.models.demo_assets import build_tiny_hf_model
 
-    update = build_tiny_hf_model(
-        tmp_path / "v1", hidden_size=32, intermediate_size=64, seed=1, tokenizer_dir=model_dir
-    )
+    update = build_tiny_hf_model(tmp_path / "v1", hidden_size=32, intermediate_size=64, seed=1, tokenizer_dir=model_dir)
     server_side = {"token_env": token_env, "tls_cert": str(certs["cert"]), "tls_key": str(certs["key"])}
     client_side = GrpcSecurityConfig(token_env=token_env, tls_ca_cert=str(certs["cert"]))
 
@@ -236,18 +235,23 @@ def test_token_file_is_read_and_stripped(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("address", "loopback"),
     [
-        ("127.0.0.1:50051", True), ("127.8.9.10:1", True), ("localhost:0", True), ("[::1]:50051", True),
-        ("unix:/tmp/legorl.sock", True), ("0.0.0.0:50051", False), ("[::]:50051", False), (":50051", False),
-        ("10.0.0.5:50051", False), ("rollout-0.example.com:50051", False),
+        ("127.0.0.1:50051", True),
+        ("127.8.9.10:1", True),
+        ("localhost:0", True),
+        ("[::1]:50051", True),
+        ("unix:/tmp/legorl.sock", True),
+        ("0.0.0.0:50051", False),
+        ("[::]:50051", False),
+        (":50051", False),
+        ("10.0.0.5:50051", False),
+        ("rollout-0.example.com:50051", False),
     ],
 )
 def test_loopback_addresses(address: str, loopback: bool) -> None:
     assert is_loopback(address) is loopback
 
 
-def test_a_non_loopback_bind_needs_a_token(
-    engine_url: str, model_dir: Path, token_env: str, tmp_path: Path
-) -> None:
+def test_a_non_loopback_bind_needs_a_token(engine_url: str, model_dir: Path, token_env: str, tmp_path: Path) -> None:
     # The default listens on this host only.
     assert build_parser().parse_args(["rollout-server"]).address == "127.0.0.1:50051"
     # Refused before the engine is even asked (engine.url points nowhere), naming the fields to set.
@@ -256,9 +260,21 @@ def test_a_non_loopback_bind_needs_a_token(
         with pytest.raises(ConfigError, match="fleet.security.token_env or fleet.security.token_file"):
             asyncio.run(RolloutServer(server_config(unreachable), model_dir, address=address).start())
     cli = subprocess.run(
-        [str(Path(sys.executable).with_name("legorl")), "rollout-server", "--model", str(model_dir),
-         "--address", "0.0.0.0:0", "--set", "engine.kind=external", "--set", f"engine.url={unreachable}"],
-        capture_output=True, text=True, timeout=120,
+        [
+            str(Path(sys.executable).with_name("legorl")),
+            "rollout-server",
+            "--model",
+            str(model_dir),
+            "--address",
+            "0.0.0.0:0",
+            "--set",
+            "engine.kind=external",
+            "--set",
+            f"engine.url={unreachable}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert cli.returncode == 2 and "refusing to listen on 0.0.0.0:0 without a bearer token" in cli.stderr, cli.stderr
 
@@ -271,11 +287,15 @@ def test_a_non_loopback_bind_needs_a_token(
             await server.stop(grace_s=5)
 
     # With a token it serves every interface; without one only when told, in so many words, to be insecure.
-    asyncio.run(serves(
-        RolloutServer(server_config(engine_url, token_env=token_env), model_dir, address="0.0.0.0:0"),
-        ClientSecurity(metadata=bearer(TOKEN)),
-    ))
-    asyncio.run(serves(
-        RolloutServer(server_config(engine_url), model_dir, address="0.0.0.0:0", insecure_no_auth=True),
-        ClientSecurity(),
-    ))
+    asyncio.run(
+        serves(
+            RolloutServer(server_config(engine_url, token_env=token_env), model_dir, address="0.0.0.0:0"),
+            ClientSecurity(metadata=bearer(TOKEN)),
+        )
+    )
+    asyncio.run(
+        serves(
+            RolloutServer(server_config(engine_url), model_dir, address="0.0.0.0:0", insecure_no_auth=True),
+            ClientSecurity(),
+        )
+    )

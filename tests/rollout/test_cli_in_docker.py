@@ -45,15 +45,24 @@ class Cli:
 
 
 CLIS = {
-    "claude-code": Cli("harness-cli", "npm", lambda cmd: tool_call_text("Bash", {"command": cmd, "description": "run"}),
-                       "All done."),
+    "claude-code": Cli(
+        "harness-cli", "npm", lambda cmd: tool_call_text("Bash", {"command": cmd, "description": "run"}), "All done."
+    ),
     # A node script: runs on the host's node, mounted beside the npm prefix.
     "codex": Cli("harness-cli", "npm", lambda cmd: tool_call_text("exec_command", {"cmd": cmd}), "All done."),
-    "mini-swe-agent": Cli("mini-venv", "pip", lambda cmd: tool_call_text("bash", {"command": cmd}),
-                          tool_call_text("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})),
+    "mini-swe-agent": Cli(
+        "mini-venv",
+        "pip",
+        lambda cmd: tool_call_text("bash", {"command": cmd}),
+        tool_call_text("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}),
+    ),
     # Python 3.12 in a 3.11 sandbox: runs on the venv's own mounted interpreter.
-    "openhands": Cli("openhands-venv", "pip",
-                     lambda cmd: tool_call_text("terminal", {"command": cmd, "security_risk": "LOW"}), "All done."),
+    "openhands": Cli(
+        "openhands-venv",
+        "pip",
+        lambda cmd: tool_call_text("terminal", {"command": cmd, "security_risk": "LOW"}),
+        "All done.",
+    ),
 }
 
 
@@ -79,8 +88,11 @@ def test_cli_trial_in_docker_is_graded(
     # ends its conversation on a command holding Rich markup, as the solution's `[server\\]` is.
     solve = base64.b64encode(solution_command(load_task(TASK)).encode()).decode()
     command = f"echo {solve} | base64 -d | bash; {probe}"  # one line: OpenHands runs one command per call
-    tools = {"sandbox.harness_tools.npm_dir": installed} if cli.kind == "npm" else {
-        "sandbox.harness_tools.pip_venvs": f"[{installed}]"}
+    tools = (
+        {"sandbox.harness_tools.npm_dir": installed}
+        if cli.kind == "npm"
+        else {"sandbox.harness_tools.pip_venvs": f"[{installed}]"}
+    )
 
     async def main() -> tuple[dict[str, pb.Trajectory], list[str], list[dict[str, Any]]]:
         # Real CLI system prompts run to tens of thousands of demo-tokenizer tokens.
@@ -115,7 +127,11 @@ def test_cli_trial_in_docker_is_graded(
     assert sequence.num_model_calls == 2  # the tool turn and the final turn merged into one sequence
     assert (sequence.root_reason, sequence.recomputed_tokens) == ("first_call", 0)
     # Every token the engine sampled is captured once, in order, with its logprob.
-    sampled = [(t, lp) for t, m, lp in zip(sequence.token_ids, sequence.loss_mask, sequence.behavior_logprobs, strict=True) if m]
+    sampled = [
+        (t, lp)
+        for t, m, lp in zip(sequence.token_ids, sequence.loss_mask, sequence.behavior_logprobs, strict=True)
+        if m
+    ]
     assert [t for t, _ in sampled] == [t for r in replies for t in r["token_ids"]]
     assert [lp for _, lp in sampled] == pytest.approx([lp for r in replies for lp in r["logprobs"]], rel=1e-6)
     # The tool's output reached the second prompt: the write was refused by the mount itself,

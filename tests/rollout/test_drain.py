@@ -102,7 +102,6 @@ def test_sigterm_lets_in_flight_trials_finish(
     assert trial_containers(docker_client, pid) == []
 
 
-
 def test_sigterm_grace_is_bounded_when_trials_would_run_for_minutes(
     tokenizer_dir: Path, tokenizer: Any, docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:

@@ -60,7 +60,8 @@ def containers_of(client: docker.DockerClient, request_id: str) -> list[Any]:
     # Listed low-level first: the high-level list inspects every trial container on the daemon and
     # fails on one that another trial removes in between.
     return [
-        client.containers.get(c["Id"]) for c in client.api.containers(filters={"label": TRIAL_LABEL})
+        client.containers.get(c["Id"])
+        for c in client.api.containers(filters={"label": TRIAL_LABEL})
         if (c.get("Labels") or {}).get(TRIAL_LABEL, "").startswith(f"{request_id}-")
     ]
 

@@ -96,7 +96,9 @@ BAD_ROLLOUTS: dict[str, tuple[pb.RolloutRequest, grpc.StatusCode, str]] = {
     "group_size 400k": (request(group_size=400_000), INVALID, "split the request"),
     "group_size 0": (request(group_size=0), INVALID, "group_size must be at least 1"),
     "more trials than capacity and queue": (
-        request(tasks=[pb.TaskRef(task_id="edit-config")] * 7), INVALID, "at most 6 at once",
+        request(tasks=[pb.TaskRef(task_id="edit-config")] * 7),
+        INVALID,
+        "at most 6 at once",
     ),
     "no harness": (request(harness_configs=[]), INVALID, "at least one task and one harness"),
     "task without id or location": (request(tasks=[pb.TaskRef()]), INVALID, "set task_id or location"),
@@ -117,24 +119,36 @@ BAD_ROLLOUTS: dict[str, tuple[pb.RolloutRequest, grpc.StatusCode, str]] = {
     "request_id of 10k chars": (request(request_id="r" * 10_000), INVALID, "request_id is 10000 characters"),
     "location of 10k chars": (request(tasks=[pb.TaskRef(location="/x" * 5000)]), INVALID, "location is 10000"),
     "negative agent timeout": (
-        request(limits=pb.TrialLimits(agent_timeout_s=-1)), INVALID, "limits.agent_timeout_s is -1",
+        request(limits=pb.TrialLimits(agent_timeout_s=-1)),
+        INVALID,
+        "limits.agent_timeout_s is -1",
     ),
     "NaN verifier timeout": (
-        request(limits=pb.TrialLimits(verifier_timeout_s=float("nan"))), INVALID, "limits.verifier_timeout_s is nan",
+        request(limits=pb.TrialLimits(verifier_timeout_s=float("nan"))),
+        INVALID,
+        "limits.verifier_timeout_s is nan",
     ),
     "agent timeout past the server's maximum": (
-        request(limits=pb.TrialLimits(agent_timeout_s=1e9)), INVALID, "fleet.max_trial_timeout_s",
+        request(limits=pb.TrialLimits(agent_timeout_s=1e9)),
+        INVALID,
+        "fleet.max_trial_timeout_s",
     ),
     "more model calls than the proxy's cap": (
-        request(limits=pb.TrialLimits(max_model_calls=2**31)), INVALID, "proxy.max_model_calls",
+        request(limits=pb.TrialLimits(max_model_calls=2**31)),
+        INVALID,
+        "proxy.max_model_calls",
     ),
     "negative temperature": (
-        request(sampling=pb.SamplingParams(temperature=-1)), INVALID, "sampling.temperature",
+        request(sampling=pb.SamplingParams(temperature=-1)),
+        INVALID,
+        "sampling.temperature",
     ),
     "infinite top_p": (request(sampling=pb.SamplingParams(top_p=float("inf"))), INVALID, "must be finite"),
     "top_k below -1": (request(sampling=pb.SamplingParams(top_k=-5)), INVALID, "sampling.top_k"),
     "max_tokens past the context": (
-        request(sampling=pb.SamplingParams(max_tokens=2**31)), INVALID, "the engine's context is 512",
+        request(sampling=pb.SamplingParams(max_tokens=2**31)),
+        INVALID,
+        "the engine's context is 512",
     ),
     "a future policy version": (request(policy_version=7), grpc.StatusCode.FAILED_PRECONDITION, "wants 7"),
 }
@@ -149,9 +163,7 @@ def test_bad_rollout_requests_get_precise_codes(engine_url: str, tokenizer_dir: 
     serve(engine_url, tokenizer_dir, body)
 
 
-def test_task_locations_are_confined_to_the_task_roots(
-    engine_url: str, tokenizer_dir: Path, tmp_path: Path
-) -> None:
+def test_task_locations_are_confined_to_the_task_roots(engine_url: str, tokenizer_dir: Path, tmp_path: Path) -> None:
     root, outside = tmp_path / "root", tmp_path / "outside"
     shutil.copytree(DEMO_TASKS_DIR / "edit-config", root / "mine")
     shutil.copytree(DEMO_TASKS_DIR / "edit-config", outside / "theirs")

@@ -106,7 +106,10 @@ def attacks(gateway: str, proxy_port: int, engine_port: int, host_port: int, bri
 
 
 def test_no_attack_changes_the_reward(
-    tokenizer_dir: Path, tokenizer: Any, docker_client: docker.DockerClient, listener: CountingListener,
+    tokenizer_dir: Path,
+    tokenizer: Any,
+    docker_client: docker.DockerClient,
+    listener: CountingListener,
     tmp_path: Path,
 ) -> None:
     bridge_gateway = network_gateway(docker_client.networks.get("bridge").attrs)
@@ -117,7 +120,10 @@ def test_no_attack_changes_the_reward(
             async with running_server(config, tokenizer_dir) as server:
                 host = server.service.host
                 scripts = attacks(
-                    host.sandboxes.network.gateway, host.proxy_port, engine_port, listener.server_address[1],
+                    host.sandboxes.network.gateway,
+                    host.proxy_port,
+                    engine_port,
+                    listener.server_address[1],
                     bridge_gateway,
                 )
                 engine.respond = by_script(scripts)
@@ -144,7 +150,6 @@ def test_no_attack_changes_the_reward(
     assert listener.accepted == 0
     assert "alive" in seen["linger"]
     assert trial_containers(docker_client) == []
-
 
 
 def test_generic_hostile_agent_earns_nothing_on_any_demo_task(

@@ -171,7 +171,9 @@ def test_storage_limit_is_enforced_or_refused(make_box: MakeBox, docker_client: 
 def test_unenforceable_storage_runs_unlimited_only_by_choice(
     docker_client: docker.DockerClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    spec = SandboxSpec(trial_id=f"t-{uuid.uuid4().hex[:8]}", environment_dir=None, docker_image=BASE_IMAGE, storage_mb=20)
+    spec = SandboxSpec(
+        trial_id=f"t-{uuid.uuid4().hex[:8]}", environment_dir=None, docker_image=BASE_IMAGE, storage_mb=20
+    )
     box = DockerSandbox(spec, docker_client, None, unenforceable_storage="ignore")
     try:
         box.start()

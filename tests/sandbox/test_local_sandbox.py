@@ -22,12 +22,17 @@ def make_box() -> Iterator[MakeBox]:
     made: list[LocalSandbox] = []
 
     def make(
-        environment_dir: Path | None = None, use_bwrap: bool | None = True, network: str = "host",
-        proxy_port: int | None = None, **limits: object,
+        environment_dir: Path | None = None,
+        use_bwrap: bool | None = True,
+        network: str = "host",
+        proxy_port: int | None = None,
+        **limits: object,
     ) -> LocalSandbox:
         box = LocalSandbox(
             SandboxSpec(trial_id="local", environment_dir=environment_dir, **limits),  # type: ignore[arg-type]
-            use_bwrap=use_bwrap, network=network, proxy_port=proxy_port,  # type: ignore[arg-type]
+            use_bwrap=use_bwrap,
+            network=network,
+            proxy_port=proxy_port,  # type: ignore[arg-type]
         )
         made.append(box)
         box.start()

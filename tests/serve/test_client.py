@@ -25,7 +25,11 @@ def test_token_ids_pair_with_logprobs_by_position() -> None:
 
 
 def test_falls_back_to_token_id_strings_when_token_ids_are_missing() -> None:
-    choice = {"text": "", "token_ids": None, "logprobs": {"tokens": ["token_id:17", "token_id:3"], "token_logprobs": [-1.0, -2.0]}}
+    choice = {
+        "text": "",
+        "token_ids": None,
+        "logprobs": {"tokens": ["token_id:17", "token_id:3"], "token_logprobs": [-1.0, -2.0]},
+    }
     assert parse_choice(choice).token_ids == [17, 3]
 
 
@@ -47,7 +51,10 @@ def test_error_bodies_new_and_old_vllm_shapes(body: dict) -> None:
     with pytest.raises(EngineError) as err:
         raise_for_error(httpx.Response(400, json=body))
     assert (err.value.status, err.value.message, err.value.err_type, err.value.param) == (
-        400, "too long", "BadRequestError", "prompt",
+        400,
+        "too long",
+        "BadRequestError",
+        "prompt",
     )
 
 

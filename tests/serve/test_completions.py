@@ -19,8 +19,9 @@ PROMPT = [11, 42, 7, 300, 15, 99, 260]
 
 def post(engine: Any, path: str, body: dict[str, Any]) -> httpx.Response:
     # json.dumps, not httpx's json=: it writes NaN and Infinity, as a careless client might.
-    return httpx.post(engine.url + path, content=json.dumps(body), headers={"content-type": "application/json"},
-                      timeout=120)
+    return httpx.post(
+        engine.url + path, content=json.dumps(body), headers={"content-type": "application/json"}, timeout=120
+    )
 
 
 def complete(engine: Any, **body: Any) -> dict[str, Any]:
@@ -80,9 +81,7 @@ def test_concurrent_requests_share_steps_and_match_solo_runs(engine: Any) -> Non
         assert len(batched["token_ids"]) == req["max_tokens"]
         assert batched["finish_reason"] == "length"
         assert batched["token_ids"] == solo["token_ids"]
-        np.testing.assert_allclose(
-            batched["logprobs"]["token_logprobs"], solo["logprobs"]["token_logprobs"], atol=1e-4
-        )
+        np.testing.assert_allclose(batched["logprobs"]["token_logprobs"], solo["logprobs"]["token_logprobs"], atol=1e-4)
 
 
 def test_seed_reproduces_and_top_logprobs_hold_the_sampled_token(engine: Any) -> None:
@@ -253,7 +252,9 @@ def test_models_and_health(engine: Any) -> None:
 def test_tokenize_messages_uses_the_chat_template(engine: Any) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
     data = post(engine, "/tokenize", {"messages": messages, "add_generation_prompt": True}).json()
-    expected = engine.served.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    expected = engine.served.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert data["tokens"] == list(expected) and data["count"] == len(expected)
     rendered = engine.served.tokenizer.decode(data["tokens"])
     assert rendered.endswith("<|im_start|>assistant\n") and "hi there" in rendered
@@ -330,9 +331,12 @@ def test_openai_sdk_reads_completions_and_streams(engine: Any) -> None:
 
     sdk = OpenAI(base_url=engine.url + "/v1", api_key="unused")
     model = engine.served.name
-    whole = sdk.completions.create(model=model, prompt=PROMPT, max_tokens=4, seed=8, logprobs=1,
-                                   extra_body={"return_token_ids": True})
+    whole = sdk.completions.create(
+        model=model, prompt=PROMPT, max_tokens=4, seed=8, logprobs=1, extra_body={"return_token_ids": True}
+    )
     assert whole.choices[0].logprobs is not None and len(whole.choices[0].logprobs.token_logprobs) == 4
     assert whole.choices[0].model_extra["token_ids"] == complete(engine, max_tokens=4, seed=8)["token_ids"]
-    text = "".join(c.choices[0].text for c in sdk.completions.create(model=model, prompt=PROMPT, max_tokens=4, seed=8, stream=True))
+    text = "".join(
+        c.choices[0].text for c in sdk.completions.create(model=model, prompt=PROMPT, max_tokens=4, seed=8, stream=True)
+    )
     assert text == whole.choices[0].text

@@ -111,7 +111,9 @@ def test_requests_sent_while_paused_wait_for_resume(engine: Any, client: SyncEng
 
 def test_pause_wait_drains_in_flight_requests(engine: Any, client: SyncEngineClient) -> None:
     body = {"prompt": PROMPT, "max_tokens": 30, "seed": 5, "return_token_ids": True, "ignore_eos": True}
-    choices = _first_chunk_then_rest(engine, body, lambda: httpx.post(engine.url + "/pause", params={"mode": "wait"}, timeout=60))
+    choices = _first_chunk_then_rest(
+        engine, body, lambda: httpx.post(engine.url + "/pause", params={"mode": "wait"}, timeout=60)
+    )
     try:
         assert sum(len(c["token_ids"]) for c in choices) == 30
         assert choices[-1]["finish_reason"] == "length"
@@ -131,7 +133,9 @@ def test_failed_reload_keeps_serving_the_old_version(engine: Any, client: SyncEn
     assert client.complete(PROMPT, max_tokens=2)[0].finish_reason == "length"
 
 
-def test_reload_of_another_architecture_is_refused(engine: Any, client: SyncEngineClient, tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_reload_of_another_architecture_is_refused(
+    engine: Any, client: SyncEngineClient, tmp_path: Path, tiny_model_dir: Path
+) -> None:
     from legorl_jax.models.demo_assets import build_tiny_hf_model
 
     wider = build_tiny_hf_model(tmp_path / "wider", hidden_size=96, tokenizer_dir=tiny_model_dir)

@@ -34,7 +34,12 @@ def test_top_k_keeps_k_most_likely_and_renormalises() -> None:
 
 @pytest.mark.parametrize(
     ("top_p", "expected"),
-    [(0.5, [1, 0, 0, 0]), (0.6, [2 / 3, 1 / 3, 0, 0]), (0.75, [2 / 3, 1 / 3, 0, 0]), (0.8, [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0])],
+    [
+        (0.5, [1, 0, 0, 0]),
+        (0.6, [2 / 3, 1 / 3, 0, 0]),
+        (0.75, [2 / 3, 1 / 3, 0, 0]),
+        (0.8, [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0]),
+    ],
 )
 def test_top_p_keeps_smallest_set_reaching_p(top_p: float, expected: list[float]) -> None:
     got = np.exp(processed_logprobs(LOGITS, _one(1.0, jnp.float32), _one(-1, jnp.int32), _one(top_p, jnp.float32)))
@@ -74,7 +79,12 @@ def test_sampling_depends_on_seed_and_counter_only() -> None:
 
 def test_greedy_at_zero_temperature_with_untempered_logprob() -> None:
     token, logprob, _ = sample(
-        LOGITS, _one(0.0, jnp.float32), _one(-1, jnp.int32), _one(1.0, jnp.float32), _one(3, jnp.uint32), _one(0, jnp.int32)
+        LOGITS,
+        _one(0.0, jnp.float32),
+        _one(-1, jnp.int32),
+        _one(1.0, jnp.float32),
+        _one(3, jnp.uint32),
+        _one(0, jnp.int32),
     )
     assert int(token[0]) == 0
     np.testing.assert_allclose(float(logprob[0]), np.log(0.5), atol=1e-6)

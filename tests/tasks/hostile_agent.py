@@ -52,7 +52,7 @@ def _python_payload(code: str) -> str:
 
 def _at_each(paths: list[str], make: str) -> str:
     """Replaces each path with what `make` creates at "$p" (after removing what was there)."""
-    return "".join(f"p={shlex.quote(p)}; rm -rf -- \"$p\"; mkdir -p -- \"$(dirname \"$p\")\"; {make}; " for p in paths)
+    return "".join(f'p={shlex.quote(p)}; rm -rf -- "$p"; mkdir -p -- "$(dirname "$p")"; {make}; ' for p in paths)
 
 
 def attacks(task: Task) -> dict[str, str]:
@@ -71,7 +71,8 @@ def attacks(task: Task) -> dict[str, str]:
         "reward-files": "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; "
         "ln -s /proc/self/root/etc/hostname /logs/verifier/reward.json; ",
         # A process left behind that keeps planting FIFOs where the answers go, into grading.
-        "linger": "setsid nohup bash -c " + shlex.quote(f"while :; do {plant_fifos} sleep 0.05; done")
+        "linger": "setsid nohup bash -c "
+        + shlex.quote(f"while :; do {plant_fifos} sleep 0.05; done")
         + " >/dev/null 2>&1 & sleep 0.3; ",
     }
     return {name: f"{script}echo {DONE}" for name, script in scripts.items()}

@@ -50,7 +50,9 @@ def attacked(factory: SandboxFactory, task: Task, script: str) -> tuple[Verdict,
 def test_no_hostile_output_earns_a_reward_or_escapes_grading(docker_factory: SandboxFactory, task: Task) -> None:
     scripts = attacks(task)
     with ThreadPoolExecutor(max_workers=4) as pool:
-        outcomes = dict(zip(scripts, pool.map(lambda s: attacked(docker_factory, task, s), scripts.values()), strict=True))
+        outcomes = dict(
+            zip(scripts, pool.map(lambda s: attacked(docker_factory, task, s), scripts.values()), strict=True)
+        )
     for name, (verdict, output) in outcomes.items():
         assert DONE in output, (name, output[-500:])
         assert verdict.status in ("ok", "no_reward"), (name, verdict.reason, verdict.stderr[-500:])

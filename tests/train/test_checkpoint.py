@@ -32,7 +32,10 @@ def _learner() -> Learner:
 def test_kill_restore_continue_equals_uninterrupted(tmp_path: Path, worker_env: dict[str, str]) -> None:
     proc = subprocess.run(
         [sys.executable, str(WORKER), "die", "--dir", str(tmp_path / "ckpt"), "--steps", str(N)],
-        env=worker_env, capture_output=True, text=True, timeout=600,
+        env=worker_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"saved": N}

@@ -60,8 +60,13 @@ def _logprobs_by_behaviour(learner: Learner, packed: PackedStep) -> dict[float, 
     out = {}
     for mb in packed.micro_batches:
         lp = token_logprobs(
-            learner.model(), mb.tokens, positions=mb.positions, segment_ids=mb.segment_ids,
-            kv_end=mb.kv_end, pred_from=mb.pred_from, chunk_size=learner.cfg.logprob_chunk_size,
+            learner.model(),
+            mb.tokens,
+            positions=mb.positions,
+            segment_ids=mb.segment_ids,
+            kv_end=mb.kv_end,
+            pred_from=mb.pred_from,
+            chunk_size=learner.cfg.logprob_chunk_size,
         )
         on = mb.loss_mask > 0
         out.update(zip(mb.behavior_logprobs[on].tolist(), np.asarray(lp)[on].tolist(), strict=True))
@@ -76,8 +81,12 @@ def _train(mesh: jax.sharding.Mesh, share: bool, model_overrides: dict, **rl: ob
     grads, numerator, _ = learner.accumulate(packed)
     metrics = learner.train_step(packed)
     return {
-        "packed": packed, "logprobs": logprobs, "grads": jax.device_get(grads), "numerator": float(numerator),
-        "params": jax.device_get(learner.params), "metrics": metrics,
+        "packed": packed,
+        "logprobs": logprobs,
+        "grads": jax.device_get(grads),
+        "numerator": float(numerator),
+        "params": jax.device_get(learner.params),
+        "metrics": metrics,
     }
 
 

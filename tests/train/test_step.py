@@ -84,7 +84,9 @@ def test_kl_to_the_initial_policy(mesh: jax.sharding.Mesh) -> None:
 def test_steps_raise_the_likelihood_of_advantaged_tokens(mesh: jax.sharding.Mesh, loss: str) -> None:
     model = tiny_model()
     seqs = _engine_sequences(model, temperature=1.0)
-    seqs = [TrainSequence(s.token_ids, s.loss_mask, s.behavior_logprobs, a) for s, a in zip(seqs, [1, -1] * 3, strict=True)]
+    seqs = [
+        TrainSequence(s.token_ids, s.loss_mask, s.behavior_logprobs, a) for s, a in zip(seqs, [1, -1] * 3, strict=True)
+    ]
     learner = Learner(model, rl_config(loss=loss, clip_low=0.5, clip_high=0.5), learner_config(lr=3e-3), mesh)
     packed = learner.pack(seqs)
     for _ in range(4):

@@ -16,8 +16,16 @@ VOCAB = 128
 
 def tiny_config(**overrides: object) -> ModelConfig:
     base = dict(
-        architecture="qwen3", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
-        num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, tie_word_embeddings=True,
+        architecture="qwen3",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        qk_norm=True,
+        tie_word_embeddings=True,
     )
     return ModelConfig(**{**base, **overrides})  # type: ignore[arg-type]
 
@@ -34,9 +42,7 @@ def random_sequences(seed: int, n: int = 12, max_len: int = 40) -> list[TrainSeq
         length = int(rng.integers(6, max_len))
         mask = np.arange(length) >= int(rng.integers(1, 5))
         behav = np.where(mask, -np.log(VOCAB) + rng.normal(0, 0.3, length), 0.0).astype(np.float32)
-        out.append(
-            TrainSequence(rng.integers(0, VOCAB, length).astype(np.int32), mask, behav, float(rng.normal()))
-        )
+        out.append(TrainSequence(rng.integers(0, VOCAB, length).astype(np.int32), mask, behav, float(rng.normal())))
     return out
 
 

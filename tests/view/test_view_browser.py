@@ -39,8 +39,14 @@ pytestmark = pytest.mark.browser
 
 # The network is closed: no first-run, sync, update or QUIC traffic, and no GPU.
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 WAIT_S = 20
 
@@ -279,15 +285,30 @@ def test_trajectory_marks_tool_calls_merges_forks_and_the_verifier(browser: WebD
     def sequence(pieces: list[str], spans: list[list[int]], model_calls: int) -> dict[str, Any]:
         sampled = sum(end - start for start, end in spans)
         return {
-            "ids": list(range(len(pieces))), "pieces": pieces, "spans": spans,
-            "logprobs": [-0.01] * (sampled - 1) + [-5.0], "advantage": -0.5, "policy_version": 0, "side_call": False,
+            "ids": list(range(len(pieces))),
+            "pieces": pieces,
+            "spans": spans,
+            "logprobs": [-0.01] * (sampled - 1) + [-5.0],
+            "advantage": -0.5,
+            "policy_version": 0,
+            "side_call": False,
             "model_calls": model_calls,
         }
 
     first = sequence(
-        ["<|im_start|>user\nrun it", "<|im_end|>\n", "<tool_call>", '{"name": "bash"}', "</tool_call>",
-         "\n<tool_response>", "ok", "</tool_response>\n", "done"],
-        [[2, 5], [8, 9]], model_calls=2,
+        [
+            "<|im_start|>user\nrun it",
+            "<|im_end|>\n",
+            "<tool_call>",
+            '{"name": "bash"}',
+            "</tool_call>",
+            "\n<tool_response>",
+            "ok",
+            "</tool_response>\n",
+            "done",
+        ],
+        [[2, 5], [8, 9]],
+        model_calls=2,
     )
     first["learner_logprobs"] = [-0.02, -1.01, None, -5.2]  # token 3 disagrees; token 4 has none (not trained)
     # "" is a token that ends inside a character (the next token shows it): still there to hover or click.
@@ -295,7 +316,12 @@ def test_trajectory_marks_tool_calls_merges_forks_and_the_verifier(browser: WebD
     # As logging.rollout_tokens "train" or "none" writes an untrained sequence: spans and summary, no tokens.
     untracked = {"spans": [[4, 6]], "advantage": None, "policy_version": 0, "side_call": True, "model_calls": 1}
     record = {
-        "step": 1, "kind": "train", "task": "broken-tests", "harness": "lego", "status": "ok", "reward": 0.0,
+        "step": 1,
+        "kind": "train",
+        "task": "broken-tests",
+        "harness": "lego",
+        "status": "ok",
+        "reward": 0.0,
         "error": "tests wrote no reward: reward.txt is a FIFO",
         "metrics": {"verifier_no_reward": True, "history_rewrites": 1},
         "sampled": ['<tool_call>{"name": "bash"}</tool_call>', "done", "bye", "a side answer"],

@@ -26,7 +26,7 @@ def test_index_reads_appends_skips_malformed_and_waits_for_a_torn_line(tmp_path:
     index = JsonlIndex(path, lambda r: r)
     index.refresh()
     assert index.rows == [] and index.malformed == 0  # no file yet: empty, not an error
-    path.write_text(lines({"step": 1}) + "{not json\n" + '[1, 2]\n' + '{"step": 2')
+    path.write_text(lines({"step": 1}) + "{not json\n" + "[1, 2]\n" + '{"step": 2')
     index.refresh()
     assert [r["step"] for r in index.rows] == [1] and index.malformed == 2
     with path.open("a") as f:
@@ -51,7 +51,13 @@ def test_index_starts_over_when_a_resume_rewrites_the_file(tmp_path: Path) -> No
 
 def test_summary_and_policy_lag() -> None:
     record = {
-        "step": 3, "kind": "train", "task": "t", "harness": "h", "status": "ok", "reward": 1.0, "error": None,
+        "step": 3,
+        "kind": "train",
+        "task": "t",
+        "harness": "h",
+        "status": "ok",
+        "reward": 1.0,
+        "error": None,
         "sequences": [
             {"spans": [[5, 9], [12, 13]], "advantage": 0.5, "policy_version": 1},
             {"spans": [[2, 4]], "advantage": None, "policy_version": 2},

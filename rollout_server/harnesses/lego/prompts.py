@@ -27,6 +27,7 @@ SUMMARY_REQUEST = (
 )
 SUMMARY_PREFIX = "Summary of your earlier work on this task:\n"
 
+
 def system_prompt(style: str, workdir: str, has_submit: bool) -> str:
     template = _TERSE if style == "terse" else _GUIDED
     return template.format(workdir=workdir, finish=_FINISH[has_submit])

@@ -133,8 +133,11 @@ def _stop_reason(result: TurnResult) -> str:
 
 def _block_events(index: int, block: dict[str, Any]) -> Iterator[bytes]:
     kind = block["type"]
-    empty = {"text": {"type": "text", "text": ""}, "thinking": {"type": "thinking", "thinking": "", "signature": ""},
-             "tool_use": {**block, "input": {}}}[kind]
+    empty = {
+        "text": {"type": "text", "text": ""},
+        "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+        "tool_use": {**block, "input": {}},
+    }[kind]
     yield sse.frame({"type": "content_block_start", "index": index, "content_block": empty}, "content_block_start")
     if kind == "text":
         delta = {"type": "text_delta", "text": block["text"]}
@@ -160,17 +163,30 @@ class Anthropic:
         choice = body.get("tool_choice")
         no_tools = isinstance(choice, dict) and choice.get("type") == "none"
         return ChatRequest(
-            messages=messages, tools=[] if no_tools else _tools(body.get("tools")), model=model,
-            stream=bool(body.get("stream")), max_tokens=optional_int(body, "max_tokens"),
-            enable_thinking=_thinking(body.get("thinking")), options={"id": new_id("msg_")},
+            messages=messages,
+            tools=[] if no_tools else _tools(body.get("tools")),
+            model=model,
+            stream=bool(body.get("stream")),
+            max_tokens=optional_int(body, "max_tokens"),
+            enable_thinking=_thinking(body.get("thinking")),
+            options={"id": new_id("msg_")},
         )
 
     def response(self, result: TurnResult, request: ChatRequest) -> dict[str, Any]:
         return {
-            "id": request.options["id"], "type": "message", "role": "assistant", "model": request.model,
-            "content": _content(result), "stop_reason": _stop_reason(result), "stop_sequence": None,
-            "usage": {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens,
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+            "id": request.options["id"],
+            "type": "message",
+            "role": "assistant",
+            "model": request.model,
+            "content": _content(result),
+            "stop_reason": _stop_reason(result),
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": result.prompt_tokens,
+                "output_tokens": result.completion_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
         }
 
     def stream(self, result: TurnResult, request: ChatRequest) -> Iterator[bytes]:
@@ -179,8 +195,14 @@ class Anthropic:
         yield sse.frame({"type": "message_start", "message": message}, "message_start")
         for index, block in enumerate(_content(result)):
             yield from _block_events(index, block)
-        yield sse.frame({"type": "message_delta", "delta": {"stop_reason": _stop_reason(result), "stop_sequence": None},
-                         "usage": {"output_tokens": result.completion_tokens}}, "message_delta")
+        yield sse.frame(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": _stop_reason(result), "stop_sequence": None},
+                "usage": {"output_tokens": result.completion_tokens},
+            },
+            "message_delta",
+        )
         yield sse.frame({"type": "message_stop"}, "message_stop")
 
     def error(self, err: ProxyError) -> dict[str, Any]:

@@ -36,8 +36,10 @@ _STATUS = {
 def _error(err: ProxyError) -> dict[str, Any]:
     message = err.message
     if err.kind == "prompt_too_long":
-        message = (f"The input token count ({err.prompt_tokens}) exceeds the maximum number of tokens "
-                   f"allowed ({err.max_context - 1}).")
+        message = (
+            f"The input token count ({err.prompt_tokens}) exceeds the maximum number of tokens "
+            f"allowed ({err.max_context - 1})."
+        )
     return {"error": {"code": err.status, "message": message, "status": _STATUS[err.kind]}}
 
 
@@ -100,8 +102,9 @@ def _content(content: Any, where: str) -> list[Message]:
             expect_type(resp, dict, f"{at}.functionResponse")
             name = resp.get("name")
             expect_type(name, str, f"{at}.functionResponse.name")
-            tools.append(Message("tool", _tool_output(resp.get("response")), tool_call_id=str(resp.get("id") or name),
-                                 name=name))
+            tools.append(
+                Message("tool", _tool_output(resp.get("response")), tool_call_id=str(resp.get("id") or name), name=name)
+            )
         elif "text" in part:
             expect_type(part["text"], str, f"{at}.text")
             texts.append(part["text"])
@@ -143,9 +146,13 @@ class Gemini:
         expect_type(config, dict, "generationConfig")
         limit = optional_int(config, "maxOutputTokens", within="generationConfig.")
         return ChatRequest(
-            messages=messages, tools=_tools(body.get("tools")), model=params.get("model", ""),
-            stream=params.get("action") == "streamGenerateContent", max_tokens=limit,
-            enable_thinking=_thinking(config), options={"id": new_id("")},
+            messages=messages,
+            tools=_tools(body.get("tools")),
+            model=params.get("model", ""),
+            stream=params.get("action") == "streamGenerateContent",
+            max_tokens=limit,
+            enable_thinking=_thinking(config),
+            options={"id": new_id("")},
         )
 
     def response(self, result: TurnResult, request: ChatRequest) -> dict[str, Any]:
@@ -157,12 +164,20 @@ class Gemini:
             parts.append({"text": out.content})
         parts += [{"functionCall": {"id": c.id, "name": c.name, "args": c.arguments}} for c in out.tool_calls]
         return {
-            "candidates": [{"content": {"role": "model", "parts": parts}, "index": 0,
-                            "finishReason": "MAX_TOKENS" if result.finish_reason == "length" else "STOP"}],
-            "usageMetadata": {"promptTokenCount": result.prompt_tokens,
-                              "candidatesTokenCount": result.completion_tokens,
-                              "totalTokenCount": result.prompt_tokens + result.completion_tokens},
-            "modelVersion": request.model, "responseId": request.options["id"],
+            "candidates": [
+                {
+                    "content": {"role": "model", "parts": parts},
+                    "index": 0,
+                    "finishReason": "MAX_TOKENS" if result.finish_reason == "length" else "STOP",
+                }
+            ],
+            "usageMetadata": {
+                "promptTokenCount": result.prompt_tokens,
+                "candidatesTokenCount": result.completion_tokens,
+                "totalTokenCount": result.prompt_tokens + result.completion_tokens,
+            },
+            "modelVersion": request.model,
+            "responseId": request.options["id"],
         }
 
     def stream(self, result: TurnResult, request: ChatRequest) -> Iterator[bytes]:

@@ -37,8 +37,10 @@ def openai_error(err: ProxyError) -> dict[str, Any]:
     kind, code = _ERROR_CODES[err.kind]
     message = err.message
     if err.kind == "prompt_too_long":
-        message = (f"This model's maximum context length is {err.max_context} tokens. However, your messages "
-                   f"resulted in {err.prompt_tokens} tokens. Please reduce the length of the messages.")
+        message = (
+            f"This model's maximum context length is {err.max_context} tokens. However, your messages "
+            f"resulted in {err.prompt_tokens} tokens. Please reduce the length of the messages."
+        )
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
@@ -68,8 +70,12 @@ def _message(m: Any, where: str) -> Message:
         return Message("user", content)
     if role == "assistant":
         reasoning = m.get("reasoning_content") or m.get("reasoning")
-        return Message("assistant", content, reasoning if isinstance(reasoning, str) else None,
-                       _tool_calls(m.get("tool_calls"), f"{where}.tool_calls"))
+        return Message(
+            "assistant",
+            content,
+            reasoning if isinstance(reasoning, str) else None,
+            _tool_calls(m.get("tool_calls"), f"{where}.tool_calls"),
+        )
     if role == "tool":
         call_id = m.get("tool_call_id")
         expect_type(call_id, str, f"{where}.tool_call_id")
@@ -95,13 +101,18 @@ def _finish(result: TurnResult) -> str:
 
 
 def _usage(result: TurnResult) -> dict[str, int]:
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens}
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
 
 
 def _wire_calls(result: TurnResult) -> list[dict[str, Any]]:
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_json(c.arguments)}}
-            for c in result.output.tool_calls]
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_json(c.arguments)}}
+        for c in result.output.tool_calls
+    ]
 
 
 class OpenAIChat:
@@ -134,7 +145,10 @@ class OpenAIChat:
         if out.tool_calls:
             message["tool_calls"] = _wire_calls(result)
         return {
-            "id": request.options["id"], "object": "chat.completion", "created": now(), "model": request.model,
+            "id": request.options["id"],
+            "object": "chat.completion",
+            "created": now(),
+            "model": request.model,
             "choices": [{"index": 0, "message": message, "finish_reason": _finish(result), "logprobs": None}],
             "usage": _usage(result),
         }
@@ -143,9 +157,15 @@ class OpenAIChat:
         created = now()
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            return sse.frame({"id": request.options["id"], "object": "chat.completion.chunk", "created": created,
-                              "model": request.model,
-                              "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+            return sse.frame(
+                {
+                    "id": request.options["id"],
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": request.model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+                }
+            )
 
         out = result.output
         yield chunk({"role": "assistant", "content": ""})
@@ -157,8 +177,16 @@ class OpenAIChat:
             yield chunk({"tool_calls": [{"index": k, **call}]})
         yield chunk({}, _finish(result))
         if request.options.get("include_usage"):
-            yield sse.frame({"id": request.options["id"], "object": "chat.completion.chunk", "created": created,
-                             "model": request.model, "choices": [], "usage": _usage(result)})
+            yield sse.frame(
+                {
+                    "id": request.options["id"],
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": request.model,
+                    "choices": [],
+                    "usage": _usage(result),
+                }
+            )
         yield sse.DONE
 
     def error(self, err: ProxyError) -> dict[str, Any]:

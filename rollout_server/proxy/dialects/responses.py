@@ -70,11 +70,13 @@ def _tool_set(raw: Any) -> _ToolSet:
         for at, tool in each_object(items, where):
             kind = tool.get("type")
             if kind == "function":
-                found.append((namespace, tool_spec(tool.get("name"), tool.get("description"),
-                                                   tool.get("parameters"), at), False))
+                found.append(
+                    (namespace, tool_spec(tool.get("name"), tool.get("description"), tool.get("parameters"), at), False)
+                )
             elif kind == "custom":
-                found.append((namespace, tool_spec(tool.get("name"), tool.get("description"), _FREEFORM_INPUT, at),
-                              True))
+                found.append(
+                    (namespace, tool_spec(tool.get("name"), tool.get("description"), _FREEFORM_INPUT, at), True)
+                )
             elif kind == "namespace" and namespace is None:
                 expect_type(tool.get("name"), str, f"{at}.name")
                 collect(tool.get("tools"), f"{at}.tools", tool["name"])
@@ -153,22 +155,50 @@ def _items(result: TurnResult, request: ChatRequest) -> list[dict[str, Any]]:
     out = result.output
     items: list[dict[str, Any]] = []
     if out.reasoning:
-        items.append({"type": "reasoning", "id": new_id("rs_"),
-                      "summary": [{"type": "summary_text", "text": out.reasoning}],
-                      "encrypted_content": _encode_reasoning(out.reasoning)})
+        items.append(
+            {
+                "type": "reasoning",
+                "id": new_id("rs_"),
+                "summary": [{"type": "summary_text", "text": out.reasoning}],
+                "encrypted_content": _encode_reasoning(out.reasoning),
+            }
+        )
     if out.content or not out.tool_calls:
-        items.append({"type": "message", "id": new_id("msg_"), "role": "assistant", "status": "completed",
-                      "content": [{"type": "output_text", "text": out.content, "annotations": [], "logprobs": []}]})
+        items.append(
+            {
+                "type": "message",
+                "id": new_id("msg_"),
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": out.content, "annotations": [], "logprobs": []}],
+            }
+        )
     tools: _ToolSet = request.options["tools"]
     for call in out.tool_calls:
         namespace, name = tools.wire.get(call.name, (None, call.name))
         where = {"name": name} if namespace is None else {"namespace": namespace, "name": name}
         if call.name in tools.custom and isinstance(call.arguments, dict):
-            items.append({"type": "custom_tool_call", "id": new_id("ctc_"), "call_id": call.id, **where,
-                          "input": str(call.arguments.get("input", "")), "status": "completed"})
+            items.append(
+                {
+                    "type": "custom_tool_call",
+                    "id": new_id("ctc_"),
+                    "call_id": call.id,
+                    **where,
+                    "input": str(call.arguments.get("input", "")),
+                    "status": "completed",
+                }
+            )
         else:
-            items.append({"type": "function_call", "id": new_id("fc_"), "call_id": call.id, **where,
-                          "arguments": arguments_json(call.arguments), "status": "completed"})
+            items.append(
+                {
+                    "type": "function_call",
+                    "id": new_id("fc_"),
+                    "call_id": call.id,
+                    **where,
+                    "arguments": arguments_json(call.arguments),
+                    "status": "completed",
+                }
+            )
     return items
 
 
@@ -233,26 +263,45 @@ class Responses:
         reasoning = body.get("reasoning")
         effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
         return ChatRequest(
-            messages=builder.messages, tools=[] if body.get("tool_choice") == "none" else tools.specs, model=model,
-            stream=bool(body.get("stream")), max_tokens=optional_int(body, "max_output_tokens"),
+            messages=builder.messages,
+            tools=[] if body.get("tool_choice") == "none" else tools.specs,
+            model=model,
+            stream=bool(body.get("stream")),
+            max_tokens=optional_int(body, "max_output_tokens"),
             enable_thinking=False if effort == "none" else None,
             options={"id": new_id("resp_"), "tools": tools, "created": now()},
         )
 
-    def _response(self, request: ChatRequest, output: list[dict[str, Any]],
-                  result: TurnResult | None) -> dict[str, Any]:
+    def _response(
+        self, request: ChatRequest, output: list[dict[str, Any]], result: TurnResult | None
+    ) -> dict[str, Any]:
         status = "in_progress" if result is None else "incomplete" if result.finish_reason == "length" else "completed"
-        usage = None if result is None else {
-            "input_tokens": result.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-        }
+        usage = (
+            None
+            if result is None
+            else {
+                "input_tokens": result.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": result.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": result.prompt_tokens + result.completion_tokens,
+            }
+        )
         return {
-            "id": request.options["id"], "object": "response", "created_at": request.options["created"],
-            "status": status, "error": None,
+            "id": request.options["id"],
+            "object": "response",
+            "created_at": request.options["created"],
+            "status": status,
+            "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "model": request.model, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
-            "tools": [], "store": False, "text": {"format": {"type": "text"}}, "usage": usage,
+            "model": request.model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "store": False,
+            "text": {"format": {"type": "text"}},
+            "usage": usage,
         }
 
     def response(self, result: TurnResult, request: ChatRequest) -> dict[str, Any]:
@@ -277,5 +326,7 @@ class Responses:
 
     def stream_error(self, err: ProxyError) -> bytes:
         body = openai_error(err)["error"]
-        return sse.frame({"type": "error", "code": body["code"], "message": body["message"], "param": None,
-                          "sequence_number": 0}, "error")
+        return sse.frame(
+            {"type": "error", "code": body["code"], "message": body["message"], "param": None, "sequence_number": 0},
+            "error",
+        )

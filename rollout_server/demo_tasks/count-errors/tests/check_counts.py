@@ -1,4 +1,5 @@
 """Prints reward.json: reward 1 when the report matches the pristine logs exactly."""
+
 import json
 import sys
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Exact expected content: only [server] port and debug change; [storage] debug stays true."""
+
 import sys
 from pathlib import Path
 

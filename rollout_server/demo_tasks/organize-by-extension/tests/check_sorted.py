@@ -1,4 +1,5 @@
 """Exit 0 when every original file sits, unchanged, in sorted/<ext>/ and the inbox is empty; 3 otherwise."""
+
 import json
 import sys
 from pathlib import Path
