@@ -14,12 +14,14 @@ server's task roots.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import ipaddress
 import logging
 import signal
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -45,6 +47,16 @@ log = logging.getLogger(__name__)
 # Seconds the proxy waits for model calls still open at shutdown (their trials are gone by then);
 # whole seconds, as uvicorn takes them.
 _PROXY_SHUTDOWN_S = 5
+
+
+class _ProxyServer(uvicorn.Server):
+    """The proxy's uvicorn, leaving signals to the process that embeds it (`serve_forever`,
+    `legorl train`): uvicorn's own handlers would close the proxy at the first SIGTERM while
+    the trials it serves still drain, and raise the signal again once it has stopped."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -126,7 +138,7 @@ class RolloutServer:
         self.engine: ManagedEngine | None = None
         self.service: RolloutService | None = None
         self._grpc: grpc.aio.Server | None = None
-        self._proxy: uvicorn.Server | None = None
+        self._proxy: _ProxyServer | None = None
         self._proxy_task: asyncio.Task[None] | None = None
         self._factory: SandboxFactory | None = None
         self._clients: list[EngineClient | ProxyEngineClient] = []
@@ -145,9 +157,17 @@ class RolloutServer:
             )
         tasks = server_tasks(cfg)
         self._tools = HarnessTools.from_config(cfg.sandbox.harness_tools)  # a bad path fails before the engine starts
-        self.engine = await asyncio.to_thread(
-            start_engine, cfg.engine, self.model_dir, health_timeout=cfg.engine.startup_timeout_s
+        launch = asyncio.ensure_future(
+            asyncio.to_thread(start_engine, cfg.engine, self.model_dir, health_timeout=cfg.engine.startup_timeout_s)
         )
+        try:
+            self.engine = await asyncio.shield(launch)
+        except asyncio.CancelledError:
+            # The launching thread runs on until the engine is up (or failed): keep what it
+            # started, so that stop() stops it rather than leaving an engine nobody owns.
+            with contextlib.suppress(Exception):
+                self.engine = await launch
+            raise
         engine = self.engine.client()
         self._clients.append(engine)
         served, context = await served_model_and_context(engine, cfg.engine)
@@ -176,7 +196,7 @@ class RolloutServer:
         )
         self._clients.append(core.engine)
         app = build_app(core, keepalive_s=cfg.proxy.keepalive_s)
-        self._proxy = uvicorn.Server(
+        self._proxy = _ProxyServer(
             uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=_PROXY_SHUTDOWN_S)
         )
         self._proxy_task = asyncio.create_task(self._proxy.serve(sockets=sockets))

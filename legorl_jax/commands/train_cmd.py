@@ -5,8 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from legorl_jax.commands import add_config_arguments
+
+if TYPE_CHECKING:
+    from legorl_jax.train.loop import Trainer
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,6 +25,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verbose", action="store_true", help="also log the in-process rollout server's events (weight loads, trials)"
     )
+
+
+async def run_until_signalled(trainer: Trainer) -> Path | signal.Signals:
+    """The run directory, or the signal that stopped the run. SIGTERM or SIGINT cancels the
+    loop, so each part it started stops through its own cleanup: the step in flight is
+    abandoned, trials are cancelled (their containers removed), the in-process rollout server
+    drains and stops its engine and proxy network, checkpoints finish and the logs close.
+    Later signals while stopping are only logged: a second Ctrl-C must not cut that short."""
+    loop = asyncio.get_running_loop()
+    training = asyncio.ensure_future(trainer.run())
+    received: list[signal.Signals] = []
+
+    def stop(sig: signal.Signals) -> None:
+        if received:
+            log.warning("%s: already stopping, waiting for the rollout server's drain", sig.name)
+            return
+        received.append(sig)
+        log.warning("%s: stopping the run at step %d", sig.name, trainer.step)
+        training.cancel()
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        return await training
+    except asyncio.CancelledError:
+        if not received or not training.cancelled():
+            raise
+        return received[0]
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("rollout_server").setLevel(logging.INFO)
     trainer = build_trainer(config, progress=False if args.no_progress else None)
     print(f"legorl train: run directory {trainer.run_dir}", flush=True)
-    run_dir = asyncio.run(trainer.run())
-    print(f"legorl train: done; metrics in {run_dir / 'metrics.jsonl'}, plot {run_dir / 'reward.png'}", flush=True)
+    outcome = asyncio.run(run_until_signalled(trainer))
+    if isinstance(outcome, signal.Signals):
+        print(
+            f"legorl train: stopped by {outcome.name} after step {trainer.step}; "
+            f"run the same command again to resume from the last checkpoint in {trainer.run_dir / 'checkpoints'}",
+            flush=True,
+        )
+        return 128 + outcome.value
+    print(f"legorl train: done; metrics in {outcome / 'metrics.jsonl'}, plot {outcome / 'reward.png'}", flush=True)
     return 0
