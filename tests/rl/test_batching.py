@@ -120,5 +120,5 @@ def test_bad_inputs_give_clear_errors() -> None:
         pack_step([_seq(4, 0)], buckets=[64], micro_batch_tokens=32)
     with pytest.raises(ValueError, match="no trainable"):
         pack_step([_seq(4, 0, prompt=4)], buckets=[8], micro_batch_tokens=32)
-    with pytest.raises(KeyError, match="valid: constant, seq_mean_token_mean, token_mean"):
+    with pytest.raises(KeyError, match="registered: constant, seq_mean_token_mean, token_mean"):
         pack_step([_seq(4, 0)], buckets=[8], micro_batch_tokens=32, aggregation="sum")
