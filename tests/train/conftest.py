@@ -2,7 +2,8 @@
 
 The tiny train step takes seconds to compile on CPU; tests (and the
 subprocess workers, through `worker_env`) that build the same program reuse
-one compilation instead of repeating it. The cache starts empty every session.
+one compilation instead of repeating it. The cache starts empty every session,
+unless one is configured already (`./scripts/test --quick` keeps one across runs).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ CACHE_OPTIONS = {
 
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    cache = tmp_path_factory.mktemp("xla_cache")
     previous = {k: getattr(jax.config, k) for k in CACHE_OPTIONS}
+    configured = previous["jax_compilation_cache_dir"]
+    cache = Path(configured) if configured else tmp_path_factory.mktemp("xla_cache")
     for key, value in {**CACHE_OPTIONS, "jax_compilation_cache_dir": str(cache)}.items():
         jax.config.update(key, value)
     jax_cache.reset_cache()  # JAX decides once per process whether a cache is in use
