@@ -8,8 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
+from .chat_formats import BASH
 from .scripted_engine import Scripted, ScriptedEngine, fake_prompt_logprob
-from .test_openai_chat import BASH, assert_captured, call_text
+from .test_openai_chat import assert_captured, call_text
 
 
 def chat(proxy: Any, key: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

@@ -18,10 +18,11 @@ import pytest
 from rollout_server.proxy.conversation import ChatRequest, Message, ToolCall
 from rollout_server.proxy.render import ChatTemplate, PrefixMemo, Prompt, SampledTurn
 
+from .chat_formats import BASH
 from .scripted_engine import ScriptedEngine
 from .test_anthropic import CACHE
 from .test_gemini import TOOLS as GEMINI_TOOLS
-from .test_openai_chat import BASH, assert_captured, call_text
+from .test_openai_chat import assert_captured, call_text
 
 TURNS = 4
 

@@ -10,16 +10,8 @@ from typing import Any
 import openai
 import pytest
 
+from .chat_formats import BASH
 from .scripted_engine import ScriptedEngine
-
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a shell command.",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-    },
-}
 
 
 def call_text(name: str, args: dict[str, Any], thought: str = "I should look.", prose: str = "") -> str:
