@@ -212,6 +212,9 @@ class ProxyConfig(SessionCaps):
     chat_template: str | None = Field(
         None, description="A Jinja chat template file used instead of the tokenizer's (one that renders tools, say)."
     )
+    max_sessions: int = Field(
+        4096, gt=0, description="Live sessions kept at most; the admin API answers 429 past it until some are deleted."
+    )
 
     def session_caps(self) -> SessionCaps:
         return SessionCaps.model_validate(self.model_dump(include=set(SessionCaps.model_fields)))

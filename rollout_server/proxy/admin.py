@@ -21,7 +21,7 @@ from rollout_server.proxy import jsonio
 from rollout_server.proxy.errors import ProxyError
 from rollout_server.proxy.jsonio import FastJSONResponse
 from rollout_server.proxy.service import ProxyCore
-from rollout_server.proxy.session import Session, SessionSpec
+from rollout_server.proxy.session import Session, SessionSpec, StoreFull
 
 # Keys travel in URL paths and headers.
 _KEY = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -80,6 +80,8 @@ def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
                 return _problem(exc.status, exc.message)
         try:
             session = core.store.create(spec, key)
+        except StoreFull as exc:
+            return _problem(429, str(exc))
         except ValueError as exc:
             return _problem(409, str(exc))
         return FastJSONResponse(

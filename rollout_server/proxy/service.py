@@ -265,7 +265,7 @@ def build_core(
     An engine is taken for vLLM (prompt logprobs at temperature 1) unless
     `unit_temperature_prompt_logprobs` says otherwise."""
     cfg = config or ProxyConfig()
-    store = SessionStore(cfg.session_caps())
+    store = SessionStore(cfg.session_caps(), max_sessions=cfg.max_sessions)
     engine = ProxyEngineClient(
         engine_url, served_model, unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs
     )

@@ -91,17 +91,31 @@ class Session:
             raise ProxyError("cap_exceeded", f"session limit reached: {hit}")
 
 
-class SessionStore:
-    """All live sessions of one proxy; the rollout server shares it in-process."""
+class StoreFull(Exception):
+    """The store holds `max_sessions` live sessions; a new one waits for a delete."""
 
-    def __init__(self, default_caps: SessionCaps | None = None) -> None:
+
+class SessionStore:
+    """All live sessions of one proxy; the rollout server shares it in-process.
+
+    A session lives until it is deleted, so its trajectory is never lost
+    before its owner reads it; `max_sessions` bounds the memory an owner that
+    never deletes can take (the admin API answers 429 past it)."""
+
+    def __init__(self, default_caps: SessionCaps | None = None, max_sessions: int | None = None) -> None:
         self.default_caps = default_caps or SessionCaps()
+        self.max_sessions = max_sessions
         self._sessions: dict[str, Session] = {}
 
     def create(self, spec: SessionSpec, key: str | None = None) -> Session:
         key = key or "lr-" + secrets.token_urlsafe(24)
         if key in self._sessions:
             raise ValueError(f"session {key!r} already exists")
+        if self.max_sessions is not None and len(self._sessions) >= self.max_sessions:
+            raise StoreFull(
+                f"{len(self._sessions)} live sessions, the most this proxy keeps (proxy.max_sessions): "
+                "delete finished ones (DELETE /admin/sessions/<key>) or raise the limit"
+            )
         if spec.caps is None:
             spec = spec.model_copy(update={"caps": self.default_caps})
         session = Session(key, spec)

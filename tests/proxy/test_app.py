@@ -43,6 +43,19 @@ def test_admin_api(proxy: Any, engine: ScriptedEngine) -> None:
     assert engine.log.prompts == []
 
 
+def test_admin_api_refuses_sessions_past_the_bound(proxy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sessions live until deleted (a trajectory is never dropped unread), so the
+    bound on live sessions is what keeps an owner that never deletes from
+    growing the proxy without limit: past it, 429 naming the way out."""
+    monkeypatch.setattr(proxy.core.store, "max_sessions", len(proxy.core.store) + 1)
+    proxy.new_session(key="bounded-1")
+    full = httpx.post(f"{proxy.url}/admin/sessions", json={"key": "bounded-2"}, headers=ADMIN)
+    assert full.status_code == 429 and "proxy.max_sessions" in full.json()["error"]["message"]
+    assert httpx.delete(f"{proxy.url}/admin/sessions/bounded-1", headers=ADMIN).status_code == 200
+    assert proxy.new_session(key="bounded-2")["key"] == "bounded-2"
+    assert httpx.delete(f"{proxy.url}/admin/sessions/bounded-2", headers=ADMIN).status_code == 200
+
+
 @pytest.mark.parametrize(
     "path, shape",
     [
