@@ -28,6 +28,9 @@ def client(session: dict[str, Any]) -> anthropic.Anthropic:
 
 
 def ask(c: anthropic.Anthropic, messages: list[dict[str, Any]], stream: bool) -> Any:
+    """One call as Claude Code makes it: its billing header's hashes change on every call."""
+    n = len(messages)
+    billing = f"x-anthropic-billing-header: cc_version=2.1.332.{n:03x}; cc_entrypoint=cli; cch={n * 7919:05x};"
     kwargs: dict[str, Any] = dict(
         # The SDK refuses big non-streaming budgets itself; Claude Code streams with 32000.
         model="policy",
@@ -35,7 +38,7 @@ def ask(c: anthropic.Anthropic, messages: list[dict[str, Any]], stream: bool) ->
         messages=messages,
         tools=TOOLS,
         system=[
-            {"type": "text", "text": "x-billing-header: v2.1"},
+            {"type": "text", "text": billing},
             {"type": "text", "text": "You are a coding agent.", "cache_control": CACHE},
         ],
         thinking={"type": "enabled", "budget_tokens": 1024},
@@ -47,7 +50,7 @@ def ask(c: anthropic.Anthropic, messages: list[dict[str, Any]], stream: bool) ->
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_claude_code_style_tool_loop(proxy: Any, engine: ScriptedEngine, stream: bool) -> None:
+def test_claude_code_style_tool_loop(proxy: Any, engine: ScriptedEngine, template: Any, stream: bool) -> None:
     session = proxy.new_session()
     c = client(session)
     engine.push(call_text("Bash", {"command": "cat a.txt"}, thought="read it", prose="Reading."), "It says hi.")
@@ -93,8 +96,10 @@ def test_claude_code_style_tool_loop(proxy: Any, engine: ScriptedEngine, stream:
     final = ask(c, messages, stream)
     assert final.stop_reason == "end_turn" and final.content[-1].text == "It says hi."
     traj = proxy.trajectory(session["key"])
+    # One sequence: the header that differs per call is not part of the prompt.
     assert [call["merged"] for call in traj["calls"]] == [False, True]
     assert_captured(traj["sequences"][0], engine)
+    assert "billing" not in template.decode(engine.log.prompts[1])
 
 
 def test_system_message_inside_messages_joins_the_system_prompt(

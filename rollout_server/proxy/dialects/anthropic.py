@@ -52,6 +52,27 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return content
 
 
+# Claude Code opens `system` with this line; its hash suffixes change from request to request. It is
+# client telemetry, not instructions: kept, it would change the prompt's first tokens on every call, so
+# no two calls of a trial would share a prefix (no merged sequence, no prefix-cache hit, no shared
+# prompt in training). Removed, as an Anthropic-compatible server removes it.
+_BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _system(content: Any, where: str) -> str:
+    """The system text without a leading billing-header line in any text block."""
+    blocks = []
+    for block in _blocks(content, where):
+        text = block.get("text")
+        if block.get("type") == "text" and isinstance(text, str) and text.startswith(_BILLING_HEADER):
+            rest = text.partition("\n")[2]
+            if not rest:
+                continue
+            block = {**block, "text": rest}
+        blocks.append(block)
+    return text_of(blocks, where)
+
+
 def _user(content: Any, where: str) -> list[Message]:
     """Tool results become tool messages (first, as the API orders them), the
     rest of the text one user message."""
@@ -157,7 +178,7 @@ class Anthropic:
         raw_messages = turns(body, "messages")
         messages: list[Message] = []
         if body.get("system") is not None:
-            messages.append(Message("system", text_of(_blocks(body["system"], "system"), "system")))
+            messages.append(Message("system", _system(body["system"], "system")))
         messages += parse_items(raw_messages, "messages", _message, memo)
         model = model_name(body)
         choice = body.get("tool_choice")
