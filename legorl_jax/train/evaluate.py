@@ -23,8 +23,9 @@ async def evaluate(
     step: int,
     rollouts: RolloutLog | None = None,
 ) -> dict[str, float]:
-    """`eval_pass_rate`, `eval_reward` and one `eval_pass_rate/<harness config>`
-    each; the trajectories go to `rollouts` (as step `step`) when given."""
+    """`eval_pass_rate`, `eval_reward`, and per harness configuration its
+    `eval_pass_rate/<config id>` and `eval_harness/<config id>/…`; the
+    trajectories go to `rollouts` (as step `step`) when given."""
     specs = [
         group_spec(config, task, choice, 1, policy_version=policy_version, step=step)
         for task in task_ids
@@ -35,5 +36,5 @@ async def evaluate(
     if rollouts is not None:
         await asyncio.to_thread(rollouts.write, step, "eval", [t for g in groups for t in g.trajectories])
     out = {"eval_pass_rate": metrics.get("pass_rate", 0.0), "eval_reward": metrics.get("reward/mean", 0.0)}
-    out.update({f"eval_{k}": v for k, v in metrics.items() if k.startswith("pass_rate/")})
+    out.update({f"eval_{k}": v for k, v in metrics.items() if k.startswith(("pass_rate/", "harness/"))})
     return out
