@@ -24,6 +24,14 @@ of each; `--scale N` divides every length by N for machines where the full
 size would take too long.
 
     .venv/bin/python scripts/bench_learner.py --shared-prefix --scale 16
+
+`--small-step` compares micro-batches sized by the step's rows with the fixed
+shape of the budget's full row count (`fit_rows=False`, the layout before) on a
+small step: `--small-seqs` sequences of `--small-len` tokens at
+`--micro-batch-tokens` with the default length buckets. Step time, peak memory
+of the compiled micro-step and the loss of each, same model, same run.
+
+    .venv/bin/python scripts/bench_learner.py --small-step --size small
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from flax import nnx
 
 from legorl_jax.core.config import LearnerConfig, MeshConfig, RLConfig
 from legorl_jax.models import CausalLM, ModelConfig, batch_sharding, token_logprobs
-from legorl_jax.rl.batching import TrainSequence
+from legorl_jax.rl.batching import PackedStep, TrainSequence
 from legorl_jax.train.sharding import learner_mesh, put_batch
 from legorl_jax.train.step import Learner
 
@@ -193,23 +201,29 @@ def shared_prefix_case(args: argparse.Namespace, name: str, model: CausalLM, cfg
     # one row of the largest bucket per micro-batch bounds memory alike for both packings.
     unit = -(-len(seqs[0].token_ids) // 128) * 128
     buckets = sorted({unit * k // 4 // 128 * 128 for k in range(4, 9)})
-    learners = {}
-    for share in (False, True):
+    learners, packed = {}, {}
+    for share in (True, False):
         lc = LearnerConfig(
             micro_batch_tokens=buckets[-1], length_buckets=buckets, logprob_chunk_size=args.chunk, share_prefixes=share
         )
-        learners["tree" if share else "unshared"] = Learner(model, RLConfig(), lc, mesh)
-    packed = {k: lr.pack(seqs) for k, lr in learners.items()}
+        kind = "tree" if share else "unshared"
+        learners[kind] = Learner(model, RLConfig(), lc, mesh)
+        packed[kind] = learners[kind].pack(seqs)
+    return {"lengths": lengths, "sequences": len(seqs), "buckets": buckets, **compare(learners, packed, args.repeats)}
+
+
+def compare(learners: dict[str, Learner], packed: dict[str, PackedStep], repeats: int) -> dict[str, Any]:
+    """Two packings of one step, the measured one first and its baseline second ("tree",
+    "unshared" or "fitted", "full"), each trained by its own learner of the same model:
+    step time, first-step loss, tokens and peak memory of each."""
     losses: dict[str, list[float]] = {k: [] for k in learners}
 
     def step(kind: str) -> None:
         losses[kind].append(learners[kind].train_step(packed[kind])["loss"])
 
-    t = interleaved({k: partial(step, k) for k in learners}, args.repeats)
+    t = interleaved({k: partial(step, k) for k in learners}, repeats)
+    new, old = learners  # the packing measured, then its baseline
     return {
-        "lengths": lengths,
-        "sequences": len(seqs),
-        "buckets": buckets,
         **{
             k: {
                 "step_s": t[k],
@@ -217,13 +231,36 @@ def shared_prefix_case(args: argparse.Namespace, name: str, model: CausalLM, cfg
                 "computed_tokens": packed[k].stats["batch/computed_tokens"],
                 "represented_tokens": packed[k].stats["batch/tokens"],
                 "shared_token_frac": packed[k].stats["batch/shared_token_frac"],
+                "padded_tokens": sum(mb.tokens.size for mb in packed[k].micro_batches),
+                "shapes": [list(mb.tokens.shape) for mb in packed[k].micro_batches],
                 "micro_batches": len(packed[k].micro_batches),
                 "micro_step_peak_mib": micro_step_peak_bytes(learners[k], packed[k]) / 2**20,
             }
             for k in learners
         },
-        "tree_over_unshared_time": t["tree"] / t["unshared"],
-        "loss_rel_diff": abs(losses["tree"][0] - losses["unshared"][0]) / abs(losses["unshared"][0]),
+        f"{new}_over_{old}_time": t[new] / t[old],
+        "loss_rel_diff": abs(losses[new][0] - losses[old][0]) / abs(losses[old][0]),
+    }
+
+
+def run_small_step(args: argparse.Namespace) -> dict[str, Any]:
+    """A small step at a large budget: micro-batches sized by its rows against the fixed full-row shape."""
+    mesh, cfg, model, n_params = build_model(args)
+    seqs = synthetic_step(1, args.small_seqs * args.small_len, cfg.vocab_size, args.small_seqs)
+    lc = LearnerConfig(micro_batch_tokens=args.micro_batch_tokens, logprob_chunk_size=args.chunk)
+    learners = {"fitted": Learner(model, RLConfig(), lc, mesh), "full": Learner(model, RLConfig(), lc, mesh)}
+    packed = {"fitted": learners["fitted"].pack(seqs), "full": learners["full"].pack(seqs, fit_rows=False)}
+    return {
+        "model": {"size": args.size, "params": n_params, "dtype": args.dtype, "remat": args.remat},
+        "platform": jax.devices()[0].platform,
+        "host_cpus": os.cpu_count(),
+        "sequences": len(seqs),
+        "sequence_tokens": args.small_len,
+        "micro_batch_tokens": args.micro_batch_tokens,
+        "buckets": lc.length_buckets,
+        **compare(learners, packed, args.repeats),
+        "repeats": args.repeats,
+        "load_average_1m": os.getloadavg()[0],
     }
 
 
@@ -322,10 +359,19 @@ def main() -> None:
     parser.add_argument("--shared-prefix", action="store_true", help="Tree packing vs unshared packing.")
     parser.add_argument("--scale", type=int, default=1, help="--shared-prefix: divide every length by this.")
     parser.add_argument("--cases", nargs="+", choices=sorted(SHARED_CASES), default=sorted(SHARED_CASES))
+    parser.add_argument("--small-step", action="store_true", help="Rows sized by the step vs the fixed full shape.")
+    parser.add_argument("--small-seqs", type=int, default=4, help="--small-step: sequences in the step.")
+    parser.add_argument("--small-len", type=int, default=400, help="--small-step: tokens per sequence.")
+    parser.add_argument("--micro-batch-tokens", type=int, default=16384, help="--small-step: the budget.")
     args = parser.parse_args()
     if args.seq_len % args.per_row:
         parser.error("--seq-len must be a multiple of --per-row")
-    report = run_shared_prefix(args) if args.shared_prefix else run(args)
+    if min(args.small_seqs, args.small_len - 1, args.micro_batch_tokens) < 1:
+        parser.error("--small-seqs and --micro-batch-tokens must be positive, --small-len at least 2")
+    if args.small_step:
+        report = run_small_step(args)
+    else:
+        report = run_shared_prefix(args) if args.shared_prefix else run(args)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -2,9 +2,13 @@
 
 Sequences are packed first-fit-decreasing into rows no longer than the largest
 length bucket; each row then takes the smallest bucket that holds it, and rows of
-one bucket are cut into micro-batches of `micro_batch_tokens // bucket` rows
-(rounded down to a multiple of the data-parallel width). Shapes therefore come
-from a short list — one per bucket — and so do compilations.
+one bucket are cut into micro-batches of at most `micro_batch_tokens // bucket`
+rows (rounded down to a multiple of the data-parallel width). A micro-batch with
+fewer rows than that (a small step, a bucket's last one) takes the smallest row
+count of `row_counts` that holds them: the data-parallel width times a power of
+two, or the full count. So a small step computes little padding (at most twice
+its rows), while shapes still come from a short fixed list — per bucket, about
+log2(full rows) + 1 row counts — and so do compilations.
 
 Within a row, `segment_ids` (1.., 0 = padding) keep attention inside each
 sequence and `positions` restart at 0 per sequence. The per-token training
@@ -50,10 +54,15 @@ class TrainSequence:
     loss_mask: np.ndarray  # bool[L]: True on engine-sampled tokens
     behavior_logprobs: np.ndarray  # float32[L]: engine logprob of each sampled token
     advantage: float
-    policy_version: int = 0
+    policy_version: int = 0  # the oldest version that sampled into it
+    # int64[L]: the policy version whose logprob each sampled token's behaviour logprob is
+    # (-1 off the mask); None: every sampled token is `policy_version`'s.
+    token_versions: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         lengths = {len(self.token_ids), len(self.loss_mask), len(self.behavior_logprobs)}
+        if self.token_versions is not None and len(self.token_versions) != len(self.token_ids):
+            raise ValueError(f"token_versions has {len(self.token_versions)} entries for {len(self.token_ids)} tokens")
         if len(lengths) != 1:
             raise ValueError(
                 "token_ids, loss_mask and behavior_logprobs must have one length, got "
@@ -363,6 +372,19 @@ def rows_per_micro_batch(bucket: int, micro_batch_tokens: int, row_multiple: int
     return rows
 
 
+def row_counts(bucket: int, micro_batch_tokens: int, row_multiple: int) -> list[int]:
+    """The row counts a micro-batch of `bucket` may have, ascending: `row_multiple` times
+    1, 2, 4, … below the budget's full count, then the full count. Doubling keeps the list
+    (and the compiled programs) logarithmic in the budget while padding at most doubles rows."""
+    full = rows_per_micro_batch(bucket, micro_batch_tokens, row_multiple)
+    counts = []
+    n = row_multiple
+    while n < full:
+        counts.append(n)
+        n *= 2
+    return [*counts, full]
+
+
 def pack_step(
     seqs: list[TrainSequence],
     *,
@@ -373,13 +395,16 @@ def pack_step(
     max_segments: int = 16,
     row_multiple: int = 1,
     share_prefixes: bool = True,
+    fit_rows: bool = True,
 ) -> PackedStep:
     """Packs one optimizer step's sequences into micro-batches.
 
     `row_multiple` is the data-parallel width (data × fsdp): every micro-batch
     has a multiple of it rows so the batch axis shards evenly. `max_segments`
     bounds the sequences of one row; `share_prefixes` lays out common prompt
-    prefixes once (module docstring).
+    prefixes once (module docstring). `fit_rows=False` gives every micro-batch
+    the budget's full row count, padding a small step to it: the fixed-shape
+    layout, kept as the benchmarks' baseline.
     """
     buckets = sorted(set(buckets))
     if not buckets or buckets[0] < 2:
@@ -408,11 +433,14 @@ def pack_step(
     places: list[TokenPlace | None] = [None] * len(seqs)
     for bucket in sorted(by_bucket):
         rows = by_bucket[bucket]
-        per_mb = rows_per_micro_batch(bucket, micro_batch_tokens, row_multiple)
-        for start in range(0, len(rows), per_mb):
-            part = rows[start : start + per_mb]
+        counts = row_counts(bucket, micro_batch_tokens, row_multiple)
+        if not fit_rows:
+            counts = counts[-1:]
+        for start in range(0, len(rows), counts[-1]):
+            part = rows[start : start + counts[-1]]
+            n_rows = next(n for n in counts if n >= len(part))
             found: dict[int, _Where] = {}
-            micro_batches.append(_micro_batch(part, per_mb, bucket, units, layout, max_segments, found))
+            micro_batches.append(_micro_batch(part, n_rows, bucket, units, layout, max_segments, found))
             for k, where in found.items():
                 places[kept[k]] = TokenPlace(len(micro_batches) - 1, *where, length=len(seqs[kept[k]].token_ids))
 

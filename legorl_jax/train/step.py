@@ -4,7 +4,10 @@ One optimizer step = one `PackedStep`: for each micro-batch a jitted
 `micro_step` adds the gradient of Σ w·loss (the aggregation numerator) into a
 device-resident accumulator; `apply_update` then divides once by the step's
 normaliser, clips, and applies AdamW. Because the normaliser is fixed before the
-first micro-batch, k micro-batches give the same update as one big batch.
+first micro-batch, k micro-batches give the same update as one big batch, and
+padding rows (weight 0) change nothing, whatever row count a micro-batch has.
+`micro_step` compiles once per micro-batch shape: a bucket and one of the few row
+counts `batching.row_counts` allows, plain or tree rows.
 
 Every jitted function has explicit in/out shardings over the mesh, so the same
 code runs on one CPU, 8 fake devices, a GPU host or a TPU pod slice.
@@ -129,8 +132,9 @@ class Learner:
         )
 
     # ---- host side -------------------------------------------------------------
-    def pack(self, seqs: list[TrainSequence]) -> PackedStep:
-        """Packs one step's sequences with this learner's buckets, budget and mesh width."""
+    def pack(self, seqs: list[TrainSequence], *, fit_rows: bool = True) -> PackedStep:
+        """Packs one step's sequences with this learner's buckets, budget and mesh width;
+        `fit_rows=False` pads every micro-batch to the budget's rows (`pack_step`)."""
         return pack_step(
             seqs,
             buckets=self.cfg.length_buckets,
@@ -140,6 +144,7 @@ class Learner:
             max_segments=self.max_segments,
             row_multiple=data_parallel_size(self.mesh),
             share_prefixes=self.cfg.share_prefixes,
+            fit_rows=fit_rows,
         )
 
     def model(self) -> CausalLM:

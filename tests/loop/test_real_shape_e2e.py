@@ -69,10 +69,10 @@ def real_shape_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # - the learner keeps no per-layer activations (remat full): on XLA's CPU attention, saving
 #   30 layers' [rows, heads, T, T] scores for the backward pass asks for ~35 GB at the default
 #   micro-batch of 16k tokens;
-# - a micro-batch of one 1,024-token row: every micro-batch has a fixed number of rows
-#   (micro_batch_tokens // bucket), and a step of two short sequences would fill the rest with padding;
 # - the engine serves SmolLM2's 8,192-token context from a KV pool budgeted in bytes (512 MiB of
 #   float32 K/V: 11.6k tokens; bfloat16 K/V moves the engine's logprobs ~1e-3 from the learner's).
+# The toy's micro-batch budget and length buckets serve as they are: a micro-batch takes only the
+# rows its step fills, so a step of a few short sequences computes little padding.
 REAL_SHAPE_SETTINGS = {
     "sandbox.kind": "docker",
     # Four trials a group and up to three rounds: a coin-flip group lacks contrast 1 time in 8,
@@ -83,8 +83,6 @@ REAL_SHAPE_SETTINGS = {
     # 120 s agent timeout is the toy's.
     "fleet.agent_timeout_s": "600",
     "model.remat": "full",
-    "learner.micro_batch_tokens": "1024",
-    "learner.length_buckets": "[1024]",
     "engine.max_context": "8192",
     "engine.max_batch": "4",
     "engine.kv_cache_memory_bytes": str(512 * 2**20),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from legorl_jax.rl.batching import TrainSequence, pack_step
+from legorl_jax.rl.batching import TrainSequence, pack_step, row_counts
 
 
 def _seq(length: int, start: int, adv: float = 1.0, prompt: int = 2, version: int = 0) -> TrainSequence:
@@ -122,3 +122,24 @@ def test_bad_inputs_give_clear_errors() -> None:
         pack_step([_seq(4, 0, prompt=4)], buckets=[8], micro_batch_tokens=32)
     with pytest.raises(KeyError, match="registered: constant, seq_mean_token_mean, token_mean"):
         pack_step([_seq(4, 0)], buckets=[8], micro_batch_tokens=32, aggregation="sum")
+
+
+def test_a_small_step_gets_a_small_micro_batch() -> None:
+    # Two short sequences at a 1,024-token budget of 64-token rows: one row, not 16.
+    step = pack_step([_seq(20, 100), _seq(30, 200)], buckets=[32, 64], micro_batch_tokens=1024)
+    assert [mb.tokens.shape for mb in step.micro_batches] == [(1, 64)]
+    assert step.stats["batch/padding_frac"] == pytest.approx(1 - 50 / 64)
+    fixed = pack_step([_seq(20, 100), _seq(30, 200)], buckets=[32, 64], micro_batch_tokens=1024, fit_rows=False)
+    assert [mb.tokens.shape for mb in fixed.micro_batches] == [(16, 64)]
+    assert _unpack(step).keys() == _unpack(fixed).keys() == {100, 200}
+
+
+def test_row_counts_double_from_the_data_parallel_width_to_the_budget() -> None:
+    assert row_counts(64, 1024, 1) == [1, 2, 4, 8, 16]
+    assert row_counts(64, 1536, 2) == [2, 4, 8, 16, 24]
+    assert row_counts(64, 128, 2) == [2]
+    # A bucket's rows fill full micro-batches, and the rest takes the smallest count holding it.
+    seqs = [_seq(60, 1000 * i) for i in range(1, 12)]
+    step = pack_step(seqs, buckets=[64], micro_batch_tokens=512, row_multiple=2)
+    assert [mb.tokens.shape[0] for mb in step.micro_batches] == [8, 4]
+    assert [int((mb.segment_ids > 0).any(axis=1).sum()) for mb in step.micro_batches] == [8, 3]

@@ -8,11 +8,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from tiny import VOCAB, learner_config, rl_config, tiny_model
+from tiny import harness_groups, learner_config, rl_config, tiny_model
 
 from legorl_jax.core.config import MeshConfig
 from legorl_jax.models import token_logprobs
-from legorl_jax.rl.batching import PackedStep, TrainSequence
+from legorl_jax.rl.batching import PackedStep
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
 
@@ -22,30 +22,6 @@ MOE = dict(architecture="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_i
 @pytest.fixture(scope="module")
 def mesh() -> jax.sharding.Mesh:
     return learner_mesh(MeshConfig())
-
-
-def harness_groups(seed: int = 0, configs: int = 2, tasks: int = 2, members: int = 4) -> list[TrainSequence]:
-    """Groups whose members share system prefix + task text; configurations share the system prefix.
-
-    Some members run a second turn (prompt tokens after sampled ones), and each
-    sampled token's engine logprob is unique, so tests can find it again.
-    """
-    rng = np.random.default_rng(seed)
-    seqs = []
-    for _ in range(configs):
-        system = rng.integers(0, VOCAB, 24)
-        for _ in range(tasks):
-            prompt = np.concatenate([system, rng.integers(0, VOCAB, 8)])
-            for m in range(members):
-                turn = rng.integers(0, VOCAB, int(rng.integers(4, 10)))
-                tail = rng.integers(0, VOCAB, 4 * (m % 2))  # a tool result and a second answer
-                tokens = np.concatenate([prompt, turn, tail, tail]).astype(np.int32)
-                mask = np.zeros(len(tokens), bool)
-                mask[len(prompt) : len(prompt) + len(turn)] = True
-                mask[len(tokens) - len(tail) :] = True
-                behav = np.where(mask, rng.uniform(-6.0, -0.05, len(tokens)), 0.0).astype(np.float32)
-                seqs.append(TrainSequence(tokens, mask, behav, float(rng.normal())))
-    return seqs
 
 
 def _rel(a: object, b: object) -> float:

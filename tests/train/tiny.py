@@ -71,3 +71,27 @@ def sequence_logprobs(model: CausalLM, token_ids: list[np.ndarray], temperature:
         rows[r, : len(t)] = t
     lp = np.asarray(jax.jit(lambda m, x: token_logprobs(m, x, temperature=temperature))(model, rows))
     return [np.concatenate([[0.0], lp[r, : len(t) - 1]]).astype(np.float32) for r, t in enumerate(token_ids)]
+
+
+def harness_groups(seed: int = 0, configs: int = 2, tasks: int = 2, members: int = 4) -> list[TrainSequence]:
+    """Groups whose members share system prefix + task text; configurations share the system prefix.
+
+    Some members run a second turn (prompt tokens after sampled ones), and each
+    sampled token's engine logprob is unique, so tests can find it again.
+    """
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for _ in range(configs):
+        system = rng.integers(0, VOCAB, 24)
+        for _ in range(tasks):
+            prompt = np.concatenate([system, rng.integers(0, VOCAB, 8)])
+            for m in range(members):
+                turn = rng.integers(0, VOCAB, int(rng.integers(4, 10)))
+                tail = rng.integers(0, VOCAB, 4 * (m % 2))  # a tool result and a second answer
+                tokens = np.concatenate([prompt, turn, tail, tail]).astype(np.int32)
+                mask = np.zeros(len(tokens), bool)
+                mask[len(prompt) : len(prompt) + len(turn)] = True
+                mask[len(tokens) - len(tail) :] = True
+                behav = np.where(mask, rng.uniform(-6.0, -0.05, len(tokens)), 0.0).astype(np.float32)
+                seqs.append(TrainSequence(tokens, mask, behav, float(rng.normal())))
+    return seqs
