@@ -253,11 +253,12 @@ class Variant:
         """The Harbor task directory, as relative path -> text."""
         family = self.family
         expect = json.dumps(family.expect(self.slots), sort_keys=True)
+        # 512 MB: the CLI harnesses' node runtimes (OpenCode's first) are killed at start-up in 256.
         toml = (
             f'version = "1.0"\n\n[task]\nname = "{self.name}"\ndescription = "{family.description}"\n\n'
             f'[metadata]\ndifficulty = "easy"\ncategory = "generated"\ntags = ["demo", "{family.name}"]\n\n'
             "[verifier]\ntimeout_sec = 30.0\n\n[agent]\ntimeout_sec = 120.0\n\n"
-            "[environment]\ncpus = 1\nmemory_mb = 256\n"
+            "[environment]\ncpus = 1\nmemory_mb = 512\n"
         )
         files = {
             "task.toml": toml,

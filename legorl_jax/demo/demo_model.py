@@ -42,6 +42,7 @@ from legorl_jax.models import demo_assets, from_hf, to_hf
 from legorl_jax.models import tokenizer as demo_tokenizer
 from legorl_jax.models.demo_assets import build_tiny_hf_model
 from legorl_jax.models.tokenizer import ENDOFTEXT, build_demo_tokenizer
+from rollout_server import harnesses as harness_modules
 from rollout_server.demo_families import demo_task_splits
 from rollout_server.harnesses import lego
 from rollout_server.harnesses.lego import LegoOptions
@@ -56,6 +57,7 @@ BUILD_INFO = "build_info.json"
 # merge the prompt boilerplate into long tokens next to the built-in corpus.
 _CORPUS_COPIES = 10
 _TOKENIZER_TASKS = 12
+_TEXT_CONTEXT = 131072
 
 
 class DemoModelSpec(BaseModel):
@@ -76,6 +78,14 @@ class DemoModelSpec(BaseModel):
     max_tokens: int = Field(256, gt=0, description="Longest completion the demonstrations may need (tokens).")
     harnesses: tuple[dict[str, Any], ...] = Field(
         (), description="lego options per configuration; empty takes configs/demo.yaml's harness_mix."
+    )
+    cli_harnesses: tuple[str, ...] = Field(
+        (),
+        description="Record the demonstrations through these real harness CLIs in Docker (cli_demonstrations.py) "
+        "instead of lego; `harnesses` is then unused.",
+    )
+    tokenizer_tasks: int = Field(
+        _TOKENIZER_TASKS, gt=0, description="Tasks whose demonstrations the tokenizer is trained on (a sample)."
     )
     # One working plan and the weak teacher's habit (see demonstrations.PLANS).
     plans: tuple[str, ...] = ("direct", "describe")
@@ -108,12 +118,21 @@ def _task_files(tasks: Sequence[Task]) -> Iterator[tuple[str, bytes]]:
             yield f"{task.name}/{path.relative_to(task.root).as_posix()}", path.read_bytes()
 
 
-def _source_files() -> Iterator[tuple[str, bytes]]:
-    """What shapes the episodes and their tokens: the lego harness, the proxy's rendering, the builders."""
+def _source_files(spec: DemoModelSpec) -> Iterator[tuple[str, bytes]]:
+    """What shapes the episodes and their tokens: the harnesses (for CLIs: their modules and pinned
+    installs), the proxy's rendering, the builders."""
     for module in (demo_tokenizer, demo_assets, demonstrations, sft, proxy_render, proxy_trajectory):
         yield module.__name__, Path(module.__file__ or "").read_bytes()
     for path in sorted(Path(lego.__file__ or "").parent.glob("*.py")):
         yield f"lego/{path.name}", path.read_bytes()
+    if spec.cli_harnesses:
+        from legorl_jax.demo import cli_demonstrations
+
+        yield cli_demonstrations.__name__, Path(cli_demonstrations.__file__ or "").read_bytes()
+        for path in sorted(Path(harness_modules.__file__ or "").parent.glob("*.py")):
+            yield f"harnesses/{path.name}", path.read_bytes()
+        for pin in cli_demonstrations.CLI_PINS:
+            yield pin.name, pin.read_bytes()
     yield "chat_template.jinja", demo_tokenizer.load_chat_template().encode()
     yield __name__, Path(__file__).read_bytes()
 
@@ -123,7 +142,7 @@ def cache_key(spec: DemoModelSpec, tasks: Sequence[Task], harnesses: Sequence[di
     digest = hashlib.sha256()
     digest.update(spec.model_dump_json().encode())
     digest.update(json.dumps(list(harnesses), sort_keys=True).encode())
-    for name, data in (*_task_files(tasks), *_source_files()):
+    for name, data in (*_task_files(tasks), *_source_files(spec)):
         digest.update(f"\0{name}\0{len(data)}\0".encode())
         digest.update(data)
     return digest.hexdigest()
@@ -134,17 +153,25 @@ def _is_complete(model_dir: Path) -> bool:
 
 
 def _record(
-    tokenizer_dir: Path, tasks: Sequence[Task], options: list[LegoOptions], spec: DemoModelSpec
+    tokenizer_dir: Path, tasks: Sequence[Task], options: list[LegoOptions], spec: DemoModelSpec, max_context: int
 ) -> list[Demonstration]:
     from transformers import AutoTokenizer  # deferred: seconds to import, only the build needs it
 
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if spec.cli_harnesses:
+        from legorl_jax.demo.cli_demonstrations import record_cli_demonstrations, working_demonstrations
+
+        episodes = record_cli_demonstrations(
+            tokenizer,
+            tasks,
+            spec.cli_harnesses,
+            plans=spec.plans,
+            max_context=max_context,
+            max_tokens=spec.max_tokens,
+        )
+        return working_demonstrations(episodes)
     return record_demonstrations(
-        AutoTokenizer.from_pretrained(tokenizer_dir),
-        tasks,
-        options,
-        plans=spec.plans,
-        max_context=spec.max_context,
-        max_tokens=spec.max_tokens,
+        tokenizer, tasks, options, plans=spec.plans, max_context=max_context, max_tokens=spec.max_tokens
     )
 
 
@@ -175,11 +202,12 @@ def build_demo_model(
     options = [LegoOptions(**h) for h in harnesses]
     work = out_dir / ".build"
     # The tokenizer only needs the shape of the text: a sample of the tasks is enough.
-    sample = list(tasks)[:: max(1, len(tasks) // _TOKENIZER_TASKS)]
-    base_demos = _record(build_demo_tokenizer(work / "base_tokenizer"), sample, options, spec)
+    sample = list(tasks)[:: max(1, len(tasks) // spec.tokenizer_tasks)]
+    # Only text for the tokenizer: under the base vocabulary a CLI's prompt runs past the policy's context.
+    base_demos = _record(build_demo_tokenizer(work / "base_tokenizer"), sample, options, spec, _TEXT_CONTEXT)
     corpus = _demonstration_text(work / "base_tokenizer", base_demos) * _CORPUS_COPIES
     tokenizer_dir = build_demo_tokenizer(work / "tokenizer", corpus=corpus, vocab_size=spec.vocab_size)
-    demos = _record(tokenizer_dir, tasks, options, spec)
+    demos = _record(tokenizer_dir, tasks, options, spec, spec.max_context)
     recorded = time.monotonic()
 
     init_dir = build_tiny_hf_model(
@@ -247,7 +275,7 @@ def ensure_demo_model(
     private temp dir; the first rename wins and the others use its result.
     """
     tasks = list(tasks) if tasks is not None else demo_training_tasks()
-    harnesses = [dict(h) for h in spec.harnesses] or demo_harness_options()
+    harnesses = [dict(h) for h in spec.harnesses] or ([] if spec.cli_harnesses else demo_harness_options())
     key = cache_key(spec, tasks, harnesses)
     target = Path(cache_dir) / f"demo-model-{key[:20]}"
 

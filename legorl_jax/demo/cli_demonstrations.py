@@ -1,0 +1,353 @@
+"""Demonstrations recorded through the real harness CLIs, for the CLI demo's warm start.
+
+The lego demonstrations (`demonstrations.py`) generalized to any harness: each
+episode is a real trial (`rollout_server.trial.run_trial`) of an unmodified
+CLI in a Docker sandbox, talking to the real token-capture proxy, graded by
+the task's verifier. The engine behind the proxy is `CliOracle`, a scripted
+stand-in that plays a plan (look around, run the task's solution as one shell
+command, finish; or the weak teacher's `describe` habit, the command in prose
+with no tool call). Like a model, it reads the tools it may call from its
+prompt and calls the shell tool offered there; all it knows of a harness is
+one small entry of `CLI_MOVES`: the name of that shell tool and how an episode
+ends. Kept, as for lego: working plans that score 1 and habit episodes that
+score 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from legorl_jax.core.config import REPO_ROOT, HarnessToolsConfig
+from legorl_jax.demo.demonstrations import (
+    DESCRIBE_TEXT,
+    EXPLORE_COMMAND,
+    FAILING_PLANS,
+    FINISH_TEXT,
+    Demonstration,
+    DemonstrationError,
+    solution_command,
+    tool_call_text,
+)
+from protos.legorl.v1 import rollout_pb2 as pb
+from rollout_server.harnesses import get_harness
+from rollout_server.harnesses.tools import HarnessTools
+from rollout_server.proxy.app import build_app
+from rollout_server.proxy.engine_client import CompletionParams, EngineCompletion
+from rollout_server.proxy.render import ChatTemplate
+from rollout_server.proxy.service import ProxyCore
+from rollout_server.proxy.session import SessionStore
+from rollout_server.sandbox.factory import SandboxFactory
+from rollout_server.server import _bind  # the rollout server's listening socket, shared by two addresses
+from rollout_server.tasks import Task
+from rollout_server.trial import TrialHost, TrialSpec, run_trial
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CliMoves:
+    """What the oracle knows of one harness: the shell tool it offers, and how its episode ends."""
+
+    shell: str  # the tool's name in the request's tool list
+    # A command that ends the episode (run through the shell tool); None: a plain answer ends it.
+    finish_command: str | None = None
+
+
+CLI_MOVES: dict[str, CliMoves] = {
+    "claude-code": CliMoves("Bash"),
+    "codex": CliMoves("exec_command"),
+    "opencode": CliMoves("bash"),
+    "gemini-cli": CliMoves("run_shell_command"),
+    "qwen-code": CliMoves("run_shell_command"),
+    "mini-swe-agent": CliMoves("bash", finish_command="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
+}
+# The plans a CLI episode can play (see demonstrations.PLANS). A harness may drop a turn without a
+# tool call from its history (mini-swe-agent answers it with a format error): the habit then
+# describes again, as a weak model would, until the harness gives up.
+CLI_PLANS: dict[str, tuple[str, ...]] = {
+    "direct": ("solve", "finish"),
+    "explore": ("explore", "solve", "finish"),
+    "describe": ("describe",),
+}
+# What a call without tools (a side call: OpenCode's title, for one) is answered with.
+SIDE_TEXT = "Solving the task"
+# The argument filled in for any other required string parameter of the shell tool.
+REQUIRED_TEXT = "Run a shell command"
+_COMMAND_ARGS = ("command", "cmd")
+_MODEL_NAME = "demonstration-oracle"
+# What fixes the CLIs' versions (and so their prompts): the npm lock and setup's pip pins.
+CLI_PINS = (REPO_ROOT / "scripts" / "harness-cli" / "package-lock.json", REPO_ROOT / "scripts" / "setup")
+_ASSISTANT = "<|im_start|>assistant\n"
+_TOOLS_START, _TOOLS_END = "<tools>\n", "\n</tools>"
+
+
+def harness_tools_config() -> HarnessToolsConfig:
+    """Where scripts/setup installs the harness CLIs on this host."""
+    cache = REPO_ROOT / ".cache"
+    return HarnessToolsConfig(npm_dir=str(cache / "harness-cli"), pip_venvs=[str(cache / "mini-venv")])
+
+
+def offered_tools(prompt: str) -> dict[str, dict[str, Any]]:
+    """The tools a rendered prompt offers (the demo chat template: one JSON object a line in <tools>)."""
+    start = prompt.find(_TOOLS_START)
+    if start < 0:
+        return {}
+    end = prompt.find(_TOOLS_END, start)
+    tools = {}
+    for line in prompt[start + len(_TOOLS_START) : end].splitlines():
+        spec = json.loads(line)
+        fn = spec.get("function", spec)
+        tools[fn["name"]] = fn
+    return tools
+
+
+def shell_call(tool: dict[str, Any], command: str) -> str:
+    """A call of `tool` running `command`, its arguments read from the tool's JSON schema."""
+    params = tool.get("parameters") or {}
+    props = params.get("properties") or {}
+    name = next((p for p in _COMMAND_ARGS if p in props), None)
+    if name is None:
+        raise DemonstrationError(f"shell tool {tool['name']!r} takes none of {_COMMAND_ARGS}: {sorted(props)}")
+    args: dict[str, Any] = {name: command}
+    for required in params.get("required") or ():
+        if required not in args:
+            if (props.get(required) or {}).get("type") != "string":
+                raise DemonstrationError(f"shell tool {tool['name']!r} requires {required!r}, not a string")
+            args[required] = REQUIRED_TEXT
+    return tool_call_text(tool["name"], args)
+
+
+@dataclass
+class EpisodeLog:
+    """What the oracle saw of one episode: every prompt's length, side calls apart."""
+
+    prompt_tokens: list[int] = field(default_factory=list)
+    sampled: list[tuple[int, ...]] = field(default_factory=list)  # the ids answered to each call with tools
+    side_prompt_tokens: list[int] = field(default_factory=list)
+    unanswered: int = 0  # calls beyond the plan
+
+
+class CliOracle:
+    """The engine behind the proxy while recording: answers each call with the plan's next move.
+
+    The move is found from the prompt alone (the sampled turns already in it),
+    so a harness that retries a call gets the same move again; a call without
+    tools is a side call and gets `SIDE_TEXT`. One episode at a time: `begin` sets it.
+    """
+
+    def __init__(self, template: ChatTemplate) -> None:
+        self._template = template
+        self._moves = CliMoves("bash")
+        self._plan: tuple[str, ...] = ()
+        self._command = ""
+        self.log = EpisodeLog()
+
+    def begin(self, moves: CliMoves, plan: tuple[str, ...], command: str) -> None:
+        self._moves, self._plan, self._command = moves, plan, command
+        self.log = EpisodeLog()
+
+    def _move(self, prompt: str, tools: dict[str, dict[str, Any]]) -> str | None:
+        """The plan's next move as completion text; None past the plan's end."""
+        done = prompt.count(_ASSISTANT) - 1  # the last header is the turn being asked for
+        if done >= len(self._plan):
+            self.log.unanswered += 1
+            return None
+        move = self._plan[done]
+        if move == "describe":
+            return DESCRIBE_TEXT.format(command=self._command)
+        if move == "finish" and self._moves.finish_command is None:
+            return FINISH_TEXT
+        shell = tools.get(self._moves.shell)
+        if shell is None:
+            raise DemonstrationError(f"the request offers no {self._moves.shell!r} tool, only {sorted(tools)}")
+        command = {"explore": EXPLORE_COMMAND, "solve": self._command}.get(move, self._moves.finish_command)
+        assert command is not None  # finish without a finish command answered above
+        return shell_call(shell, command)
+
+    async def complete(self, prompt_ids: list[int], sampling: CompletionParams) -> EngineCompletion:
+        prompt = self._template.decode(prompt_ids)
+        tools = offered_tools(prompt)
+        text = self._move(prompt, tools) if tools else SIDE_TEXT
+        # Nothing left to say: the end of turn alone (and the episode is reported, see `unanswered`).
+        ids = (*self._template.encode(text or ""), self._template.turn_end_id)
+        if len(ids) > sampling.max_tokens:
+            raise DemonstrationError(
+                f"a scripted completion has {len(ids)} tokens, over max_tokens={sampling.max_tokens}"
+            )
+        if tools:
+            self.log.prompt_tokens.append(len(prompt_ids))
+            self.log.sampled.append(ids)
+        else:
+            self.log.side_prompt_tokens.append(len(prompt_ids))
+        return EngineCompletion(ids, (0.0,) * len(ids), "stop")
+
+
+@dataclass(frozen=True)
+class CliEpisode:
+    """One recorded trial: the demonstration (None when dropped) and what it cost."""
+
+    harness: str
+    task: str
+    plan: str
+    status: str
+    reward: float | None
+    demonstration: Demonstration | None
+    model_calls: int
+    side_calls: int
+    first_prompt_tokens: int
+    total_tokens: int  # every sequence's length, side calls included
+    wall_s: float
+    calls: EpisodeLog
+    problems: tuple[str, ...] = ()
+
+
+class CliRecorder:
+    """The proxy (with the oracle as its engine) on loopback and the Docker proxy network, and trials
+    run by the rollout server's own trial runner. Use `async with CliRecorder.running(...)`."""
+
+    def __init__(self, tokenizer: Any, *, max_context: int, max_tokens: int, agent_timeout_s: float) -> None:
+        self.template = ChatTemplate(tokenizer)
+        self.oracle = CliOracle(self.template)
+        self.store = SessionStore()
+        # Duck-typed: the oracle has the one method the core calls on its engine client.
+        self.core = ProxyCore(self.template, self.oracle, self.store, max_context=max_context)  # type: ignore[arg-type]
+        self.max_tokens = max_tokens
+        self.agent_timeout_s = agent_timeout_s
+        self.host: TrialHost | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def running(
+        cls, tokenizer: Any, *, max_context: int, max_tokens: int = 1024, agent_timeout_s: float = 240.0
+    ) -> AsyncIterator[CliRecorder]:
+        recorder = cls(tokenizer, max_context=max_context, max_tokens=max_tokens, agent_timeout_s=agent_timeout_s)
+        loopback = _bind("127.0.0.1", 0)
+        port = loopback.getsockname()[1]
+        factory = await asyncio.to_thread(SandboxFactory, "docker", "proxy_only", proxy_port=port)
+        tools = HarnessTools.from_config(harness_tools_config())
+        sockets = [loopback]
+        if factory.network is not None:
+            sockets.append(_bind(factory.network.gateway, port))
+        server = uvicorn.Server(uvicorn.Config(build_app(recorder.core), log_level="warning", lifespan="off"))
+        serving = asyncio.create_task(server.serve(sockets=sockets))
+        recorder.host = TrialHost(factory, recorder.store, port, _MODEL_NAME, 0, harness_tools=tools)
+        try:
+            yield recorder
+        finally:
+            server.should_exit = True
+            await serving
+            factory.close()
+            tools.close()
+
+    async def episode(self, task: Task, harness: str, plan: str, options: dict[str, Any] | None = None) -> CliEpisode:
+        """One trial of `harness` on `task` playing `plan`, graded; its demonstration when it scored as it should."""
+        assert self.host is not None, "use CliRecorder.running()"
+        if harness not in CLI_MOVES:
+            raise DemonstrationError(f"no oracle moves for harness {harness!r}; known: {sorted(CLI_MOVES)}")
+        moves = CLI_MOVES[harness]
+        if plan not in CLI_PLANS:
+            raise DemonstrationError(f"unknown plan {plan!r}; known: {sorted(CLI_PLANS)}")
+        self.oracle.begin(moves, CLI_PLANS[plan], solution_command(task))
+        impl = get_harness(harness)
+        parsed = impl.parse_options(options or {})
+        config_id = impl.config_id(parsed)
+        spec = TrialSpec(
+            trial_id=f"demo-{harness}-{task.name}-{secrets.token_hex(3)}",
+            task=task,
+            harness=pb.HarnessConfig(name=harness, options_json=json.dumps(options or {}), config_id=config_id),
+            options=parsed,
+            sampling=pb.SamplingParams(max_tokens=self.max_tokens),
+            limits=pb.TrialLimits(max_model_calls=12, max_total_tokens=10_000_000),
+            labels={},
+            agent_timeout_s=self.agent_timeout_s,
+            verifier_timeout_s=task.config.verifier.timeout_sec,
+        )
+        started = time.monotonic()
+        trajectory = await run_trial(self.host, spec)
+        wall = time.monotonic() - started
+        expected = 0.0 if plan in FAILING_PLANS else 1.0
+        reward = trajectory.reward if trajectory.HasField("reward") else None
+        problems = _problems(trajectory, reward, expected, self.oracle.log)
+        sequences = tuple((tuple(s.token_ids), tuple(s.loss_mask)) for s in trajectory.sequences)
+        demo = None if problems else Demonstration(task.name, config_id, plan, sequences, expected)
+        if problems:
+            log.warning("demonstration dropped (%s / %s / %s): %s", task.name, harness, plan, "; ".join(problems))
+        return CliEpisode(
+            harness=harness,
+            task=task.name,
+            plan=plan,
+            status=pb.TrialStatus.Name(trajectory.status),
+            reward=reward,
+            demonstration=demo,
+            model_calls=trajectory.metrics.model_calls,
+            side_calls=len(self.oracle.log.side_prompt_tokens),
+            first_prompt_tokens=self.oracle.log.prompt_tokens[0] if self.oracle.log.prompt_tokens else 0,
+            total_tokens=sum(len(s.token_ids) for s in trajectory.sequences),
+            wall_s=wall,
+            calls=self.oracle.log,
+            problems=tuple(problems),
+        )
+
+
+def _problems(trajectory: pb.Trajectory, reward: float | None, expected: float, seen: EpisodeLog) -> list[str]:
+    """Why a trial is not a clean demonstration of its plan; empty when it is."""
+    problems = []
+    if trajectory.status != pb.TRIAL_STATUS_OK:
+        problems.append(f"trial ended {pb.TrialStatus.Name(trajectory.status)}: {trajectory.error}")
+    if seen.unanswered:
+        problems.append(f"{seen.unanswered} calls beyond the plan")
+    if reward != expected:
+        problems.append(f"reward {reward}, expected {expected}")
+    if not trajectory.sequences:
+        problems.append("nothing captured")
+    return problems
+
+
+def record_cli_demonstrations(
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    harnesses: Sequence[str],
+    *,
+    plans: Sequence[str] = ("direct", "describe"),
+    max_context: int = 131072,
+    max_tokens: int = 1024,
+) -> list[CliEpisode]:
+    """Every task x harness x plan, one trial at a time (the oracle plays one episode at a time).
+
+    `max_context` and `max_tokens` are the limits RL will sample under: an episode that does not fit them is dropped.
+    """
+    if not tasks or not harnesses:
+        raise DemonstrationError("need at least one task and one harness")
+    unknown = sorted({h for h in harnesses if h not in CLI_MOVES} | {p for p in plans if p not in CLI_PLANS})
+    if unknown:
+        raise DemonstrationError(
+            f"unknown harnesses or plans {unknown}; known: {sorted(CLI_MOVES)}, {sorted(CLI_PLANS)}"
+        )
+    for task in tasks:
+        solution_command(task)  # fail early, naming the task
+
+    async def main() -> list[CliEpisode]:
+        async with CliRecorder.running(tokenizer, max_context=max_context, max_tokens=max_tokens) as recorder:
+            return [await recorder.episode(t, harness, plan) for t in tasks for harness in harnesses for plan in plans]
+
+    return asyncio.run(main())
+
+
+def working_demonstrations(episodes: Sequence[CliEpisode]) -> list[Demonstration]:
+    """The kept demonstrations; an error when some task x harness has no working one (RL would never see it solved)."""
+    demos = [e.demonstration for e in episodes if e.demonstration is not None]
+    solved = {(d.task, e.harness) for e in episodes if (d := e.demonstration) is not None and d.reward == 1.0}
+    missing = sorted({(e.task, e.harness) for e in episodes} - solved)
+    if missing:
+        raise DemonstrationError(f"no demonstration of {missing} scored 1; see the warnings above")
+    return demos

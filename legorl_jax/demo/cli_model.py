@@ -1,0 +1,69 @@
+"""The CLI demo's model: the demo model's build (`demo_model.py`), warm-started on demonstrations
+recorded through the real harness CLIs instead of lego.
+
+What differs from the lego demo model is only its spec: where the demonstrations
+come from (`cli_harnesses`), a tokenizer trained on text that holds the CLIs'
+long system prompts and tool schemas (a larger vocabulary, so they compress), a
+context that fits the longest CLI episode, and fewer tasks (a CLI episode takes
+seconds in Docker, a lego one milliseconds). Built once and cached like the demo
+model (`core/build_once.py`); `python -m legorl_jax.demo.cli_model` builds it and
+prints its directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from legorl_jax.core.config import DEFAULT_CONFIG, REPO_ROOT, load_config
+from legorl_jax.demo.demo_model import DemoModelSpec, ensure_demo_model
+from legorl_jax.demo.sft import SFTConfig
+from rollout_server.demo_families import demo_task_splits
+from rollout_server.tasks import Task
+
+# The four CLIs whose oracle episodes are graded as planned (tests/harnesses/test_cli_demonstrations.py).
+CLI_HARNESSES = ("mini-swe-agent", "opencode", "codex", "claude-code")
+# Training variants per family that are demonstrated: 6 families x 2 x 4 CLIs x 2 plans = 96 episodes.
+TASKS_PER_FAMILY = 2
+
+CLI_DEMO_SPEC = DemoModelSpec(
+    cli_harnesses=CLI_HARNESSES,
+    # Measured (scripts/cli_episode_stats.py): with the 2,048-token vocabulary the first prompts run to
+    # 24k tokens (Claude Code); a vocabulary trained on them at 8,192 cuts that (docs/benchmarks.md).
+    vocab_size=8192,
+    max_context=16384,
+    max_tokens=256,
+    # The CLIs' prompts hardly depend on the task: one task's episodes teach the tokenizer their text.
+    tokenizer_tasks=1,
+    # One long row per step: a batch of them does not fit the memory of a small CPU machine.
+    sft=SFTConfig(batch_size=1, eval_groups=8),
+)
+
+
+def cli_demo_tasks(per_family: int = TASKS_PER_FAMILY) -> list[Task]:
+    """The first `per_family` training variants of each family configs/demo.yaml trains on."""
+    train = demo_task_splits(load_config(DEFAULT_CONFIG).tasks.demo_variants)["train"]
+    picked: dict[str, list[Task]] = {}
+    for task in train:
+        family = next((tag for tag in task.config.metadata.get("tags", ()) if tag != "demo"), task.name)
+        if len(picked.setdefault(family, [])) < per_family:
+            picked[family].append(task)
+    return [task for tasks in picked.values() for task in tasks]
+
+
+def ensure_cli_demo_model(cache_dir: Path, *, progress: bool = True, spec: DemoModelSpec = CLI_DEMO_SPEC) -> Path:
+    """The cached CLI demo model's HF directory, built first when no cached copy matches."""
+    return ensure_demo_model(cache_dir, progress=progress, spec=spec, tasks=cli_demo_tasks())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Build (once) the CLI demo's model and print its directory.")
+    parser.add_argument("--cache", type=Path, default=REPO_ROOT / ".cache" / "demo_model")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    print(ensure_cli_demo_model(args.cache))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The CLI demo model's spec: a variant of the demo model's build, keyed on what shapes CLI episodes."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from legorl_jax.demo import demo_model
+from legorl_jax.demo.cli_demonstrations import CLI_MOVES, CLI_PINS
+from legorl_jax.demo.cli_model import CLI_DEMO_SPEC, TASKS_PER_FAMILY, cli_demo_tasks
+from legorl_jax.demo.demo_model import BUILD_INFO, DemoModelSpec, cache_key, ensure_demo_model
+from legorl_jax.demo.sft import SFTConfig
+from legorl_jax.models import from_hf
+
+
+def test_cli_tasks_take_the_first_variants_of_every_family() -> None:
+    tasks = cli_demo_tasks()
+    families = Counter(next(t for t in task.config.metadata["tags"] if t != "demo") for task in tasks)
+    assert len(families) == 6 and set(families.values()) == {TASKS_PER_FAMILY}
+
+
+def test_the_cli_spec_records_through_known_clis_and_hashes_their_sources() -> None:
+    assert set(CLI_DEMO_SPEC.cli_harnesses) <= set(CLI_MOVES) and CLI_DEMO_SPEC.harnesses == ()
+    sources = dict(demo_model._source_files(CLI_DEMO_SPEC))
+    lego_sources = dict(demo_model._source_files(DemoModelSpec()))
+    assert "legorl_jax.demo.cli_demonstrations" in sources and "harnesses/claude_code.py" in sources
+    assert {pin.name for pin in CLI_PINS} <= set(sources)
+    # The lego demo model's key does not move with the CLI recorder's source.
+    assert "legorl_jax.demo.cli_demonstrations" not in lego_sources
+
+
+def test_cache_key_moves_with_the_cli_harnesses() -> None:
+    tasks = cli_demo_tasks(per_family=1)[:1]
+    key = cache_key(CLI_DEMO_SPEC, tasks, [])
+    fewer = CLI_DEMO_SPEC.model_copy(update={"cli_harnesses": CLI_DEMO_SPEC.cli_harnesses[:1]})
+    assert cache_key(fewer, tasks, []) != key
+    assert cache_key(CLI_DEMO_SPEC, tasks, []) == key
+
+
+@pytest.mark.docker
+@pytest.mark.npm
+@pytest.mark.slow  # the whole build with demonstrations recorded through a real CLI in Docker
+def test_a_tiny_cli_build_records_through_the_cli(tmp_path: Path) -> None:
+    tiny = CLI_DEMO_SPEC.model_copy(
+        update={
+            "cli_harnesses": ("mini-swe-agent",),
+            "vocab_size": 768,
+            "hidden_size": 32,
+            "num_layers": 1,
+            "num_heads": 2,
+            "num_kv_heads": 1,
+            "head_dim": 16,
+            "intermediate_size": 64,
+            "max_context": 4096,
+            "sft": SFTConfig(max_steps=2, batch_size=1, eval_every=2, target_pass=1.0),
+        }
+    )
+    task = cli_demo_tasks(per_family=1)[:1]
+    built = ensure_demo_model(tmp_path, progress=False, spec=tiny, tasks=task)
+    info = json.loads((built / BUILD_INFO).read_text())
+    # One working episode and the habit (mini-swe-agent retries a prose answer: one sequence per try).
+    assert info["demonstrations"] == 2 and info["sft_steps"] == 2
+    assert info["sequences"] >= 2 and info["padded_length"] <= tiny.max_context
+    assert from_hf(built).config.vocab_size == 768
