@@ -171,6 +171,7 @@ class RolloutServer:
         engine = self.engine.client()
         self._clients.append(engine)
         served, context = await served_model_and_context(engine, cfg.engine)
+        await engine.label_weights("0")  # the policy version its tokens carry until the first UpdateWeights
 
         loopback = _bind(cfg.proxy.host, cfg.proxy.port)
         proxy_port = loopback.getsockname()[1]

@@ -413,10 +413,12 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                 await downstream
 
     async def _load(self, version: int, directory: Path, *, how: str) -> pb.UpdateWeightsResponse:
-        """pause → reload → reset prefix cache → resume; new trials then carry `version`."""
+        """pause (keep) → reload → reset prefix cache → label `version` → resume; new trials
+        then carry `version`. Completions in flight go on under the new weights, and the
+        engine's per-token versions say which of their tokens each policy sampled."""
         started = time.monotonic()
         try:
-            await self.engine.update_weights(str(directory))
+            await self.engine.update_weights(str(directory), "keep", version=str(version))
         except EngineError as exc:
             # What the engine holds now is unknown: no delta may build on it.
             self.served_weights = None

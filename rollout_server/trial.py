@@ -255,7 +255,8 @@ def _write_file(sandbox: Sandbox, path: str, content: str, mode: int) -> None:
     with tempfile.TemporaryDirectory(prefix="legorl-file-") as tmp:
         local = Path(tmp) / "content"
         local.write_text(content)
-        parent = sandbox.exec(["mkdir", "-p", posixpath.dirname(path)], timeout=30, user=ROOT_USER)
+        # As the agent: a directory made by root (~/.qwen, say) would keep the CLI from writing its own state beside it.
+        parent = sandbox.exec(["mkdir", "-p", posixpath.dirname(path)], timeout=30, user=AGENT_USER)
         if not parent.ok:
             raise SandboxError(f"could not create the directory of {path}: {parent.stderr.strip()}")
         sandbox.copy_in(local, path)
@@ -280,19 +281,39 @@ def _resolve(status: pb.TrialStatus, reason: str, verdict: Verdict) -> tuple[pb.
     return status, "; ".join(notes)
 
 
+def version_runs(versions: list[int], mask: list[int]) -> tuple[list[int], list[int]]:
+    """The trained tokens' versions as (runs, lengths): the proto's run-length form."""
+    runs: list[int] = []
+    lengths: list[int] = []
+    for version, trained in zip(versions, mask, strict=True):
+        if not trained:
+            continue
+        if runs and runs[-1] == version:
+            lengths[-1] += 1
+        else:
+            runs.append(version)
+            lengths.append(1)
+    return runs, lengths
+
+
 def _fill_capture(out: pb.Trajectory, capture: CapturedTrajectory) -> None:
     metrics = capture.metrics()
     for seq in capture.sequences:
+        runs, lengths = version_runs(seq.token_versions, seq.loss_mask)
         out.sequences.append(
             pb.TokenSequence(
                 token_ids=seq.token_ids,
                 loss_mask=seq.loss_mask,
                 behavior_logprobs=seq.behavior_logprobs,
-                policy_version=seq.policy_version,
+                # The oldest version that sampled into it; the session's when no token says.
+                policy_version=min(runs, default=seq.policy_version),
                 side_call=capture.is_side(seq),
                 num_model_calls=len(seq.calls),
                 root_reason=capture.root_reason(seq),
                 recomputed_tokens=sum(capture.calls[i].recomputed_tokens for i in seq.calls),
+                version_runs=runs,
+                version_run_lengths=lengths,
+                unreported_version_tokens=seq.unreported_versions,
             )
         )
     out.metrics.model_calls = metrics["model_calls"]

@@ -35,7 +35,7 @@ class MemoryEngine:
         self.tensors: dict[str, np.ndarray] = {}
         self.loaded: Path | None = None
 
-    async def update_weights(self, weights_path: str) -> dict[str, Any]:
+    async def update_weights(self, weights_path: str, mode: str = "keep", version: str | None = None) -> dict[str, Any]:
         self.tensors = await asyncio.to_thread(read_tensors, Path(weights_path))
         self.loaded = Path(weights_path)
         return {}

@@ -2,19 +2,29 @@
 """Benchmark: the embedded JAX engine against `transformers` (torch, CPU) on the
 same random weights at a real model's shape, in one run.
 
-Each side runs in its own subprocess, so each one's peak resident memory is its
-own. Per batch size both generate `--new-tokens` tokens from the same random
-prompts (greedy, EOS ignored); each side runs once untimed first (JAX compiles,
-torch warms up), then once timed. Reported:
+Each side runs in its own worker subprocess, so each one's peak resident memory
+is its own. Both workers load first; then the parent asks them for one
+measurement at a time, alternating sides: per row an untimed run on each side
+(JAX compiles, torch warms up), then `--repeats` timed runs, engine and
+transformers in turn, and the median of each side. On a shared machine, load
+that comes and goes then falls on both sides of a row's ratio, not on all of
+one side's rows; each figure is also printed on stderr as it is measured. The engine's
+untimed run is the row itself (every shape it meets compiles); transformers'
+is a short generate (it compiles nothing). `--cold` skips the untimed runs, for
+a row that only has to work: its time then includes compiling. Reported:
 
 - decode rows: generated tokens/s of each side and their ratio; for batch 1 the
   machine's bound too (weight bytes read per token / memory bandwidth, the
   bandwidth measured in this run by a large copy);
 - a long-prompt row: seconds to prefill `--long-prompt` tokens (engine: one
-  request, max_tokens=1) against one transformers forward of the same prompt;
+  request, max_tokens=1) against one transformers forward of the same prompt
+  (`--engine-only` skips transformers, e.g. for a prompt too long for it);
 - a prefix-cache row: a 4-turn episode whose turns extend the previous prompt;
   the engine's prefill time per turn and the prefix-cache hit rate;
 - peak resident memory of the engine process against weights + the KV it used.
+
+`--num-layers` overrides the shape's depth: a row too slow at full depth runs
+at fewer layers, and its ratio is then per layer (the LM head is not).
 
     .venv/bin/python scripts/bench_engine.py --shape smollm2-135m [--batches 1 8 32] [--long-prompt 32768]
 """
@@ -24,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +62,9 @@ SHAPES: dict[str, dict[str, Any]] = {
         head_dim=32, intermediate_size=768,
     ),
 }  # fmt: skip
+
+# Marks a worker's answer on its stdout: libraries may print there too.
+ANSWER = "@bench "
 
 
 def progress(side: str, what: str) -> None:
@@ -103,46 +117,60 @@ def engine_generate(engine: Any, prompts: list[list[int]], new_tokens: int) -> f
     return time.perf_counter() - start
 
 
-def run_engine(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    import jax
+class EngineSide:
+    """The engine at `load_served_model` defaults but for its context, which
+    grows past the default 4,096 positions to fit the longest row asked for."""
 
-    from legorl_jax.models.kv_cache import kv_bytes_per_token
-    from legorl_jax.serve.loader import BLOCK_SIZE, load_served_model
+    def __init__(self, args: argparse.Namespace, model_dir: Path) -> None:
+        import jax
 
-    max_len = max(args.prompt_tokens + args.new_tokens, args.long_prompt + 1, args.episode_tokens())
-    served = load_served_model(model_dir, max_slots=max(args.batches), max_len=max_len)
-    engine = served.engine
-    out: dict[str, Any] = {"decode": {}, "rss_start_gb": peak_rss_gb()}
-    weight_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(engine._state))
-    per_token = kv_bytes_per_token(served.config)
-    kv_peak_tokens = 0
-    try:
-        for batch in args.batches:
-            prompts = prompts_for(batch, args.prompt_tokens, served.config.vocab_size, batch)
-            engine_generate(engine, prompts, args.new_tokens)  # compile
-            out["decode"][batch] = engine_generate(engine, prompts, args.new_tokens)
-            progress("engine", f"batch {batch}: {out['decode'][batch]:.1f} s")
-            kv_peak_tokens = max(kv_peak_tokens, batch * (args.prompt_tokens + args.new_tokens))
-        out["rss_decode_gb"] = peak_rss_gb()
-        if args.long_prompt:
-            long = prompts_for(1, args.long_prompt, served.config.vocab_size, 99)
-            engine.reset_cache()
-            engine_generate(engine, long, 1)  # compile every window on the way
-            engine.reset_cache()
-            out["long"] = engine_generate(engine, long, 1)
-            progress("engine", f"prefill of {args.long_prompt}: {out['long']:.1f} s")
-            kv_peak_tokens = max(kv_peak_tokens, args.long_prompt + 1)
-        for _ in range(2):  # the first compiles the windows on the way
-            engine.reset_cache()
-            out["episode"] = episode(engine, args, served.config.vocab_size)
-        stats = engine.stats()
-        out["kv_pool_gb"] = (stats["kv_blocks_total"] + 1) * BLOCK_SIZE * per_token / 1e9
-    finally:
-        engine.shutdown()
-    out["weights_gb"] = weight_bytes / 1e9
-    out["kv_used_gb"] = kv_peak_tokens * per_token / 1e9
-    out["rss_gb"] = peak_rss_gb()
-    return out
+        from legorl_jax.models.kv_cache import kv_bytes_per_token
+        from legorl_jax.serve.loader import load_served_model
+
+        self.args = args
+        max_len = max(4096, args.prompt_tokens + args.new_tokens, args.long_prompt + 1, args.episode_tokens)
+        self.served = load_served_model(model_dir, max_slots=max(args.batches, default=1), max_len=max_len)
+        self.engine = self.served.engine
+        self.vocab = self.served.config.vocab_size
+        self.rss_start_gb = peak_rss_gb()
+        self.weight_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(self.engine._state))
+        self.per_token = kv_bytes_per_token(self.served.config)
+        self.kv_peak_tokens = 0
+        self.rss_decode_gb = 0.0
+
+    def warm(self, op: str, *args: Any) -> None:
+        getattr(self, op)(*args)
+
+    def decode(self, batch: int) -> float:
+        self.kv_peak_tokens = max(self.kv_peak_tokens, batch * (self.args.prompt_tokens + self.args.new_tokens))
+        prompts = prompts_for(batch, self.args.prompt_tokens, self.vocab, batch)
+        seconds = engine_generate(self.engine, prompts, self.args.new_tokens)
+        self.rss_decode_gb = peak_rss_gb()
+        progress("engine", f"peak RSS so far {self.rss_decode_gb:.2f} GB")
+        return seconds
+
+    def long(self) -> float:
+        self.kv_peak_tokens = max(self.kv_peak_tokens, self.args.long_prompt + 1)
+        self.engine.reset_cache()  # a repeat must prefill it all again
+        return engine_generate(self.engine, prompts_for(1, self.args.long_prompt, self.vocab, 99), 1)
+
+    def episode(self) -> list[tuple[float, int, int]]:
+        self.engine.reset_cache()
+        return episode(self.engine, self.args, self.vocab)
+
+    def finish(self) -> dict[str, Any]:
+        from legorl_jax.serve.loader import BLOCK_SIZE
+
+        stats = self.engine.stats()
+        self.engine.shutdown()
+        return {
+            "rss_start_gb": self.rss_start_gb,
+            "rss_decode_gb": self.rss_decode_gb,
+            "weights_gb": self.weight_bytes / 1e9,
+            "kv_used_gb": self.kv_peak_tokens * self.per_token / 1e9,
+            "kv_pool_gb": (stats["kv_blocks_total"] + 1) * BLOCK_SIZE * self.per_token / 1e9,
+            "rss_gb": peak_rss_gb(),
+        }
 
 
 def episode(engine: Any, args: argparse.Namespace, vocab: int) -> list[tuple[float, int, int]]:
@@ -172,97 +200,172 @@ def episode(engine: Any, args: argparse.Namespace, vocab: int) -> list[tuple[flo
     return times
 
 
-def run_hf(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    import torch
-    from transformers import AutoModelForCausalLM
+class HFSide:
+    """transformers `generate` (float32, greedy) and one forward for the long row."""
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    vocab = model.config.vocab_size
-    out: dict[str, Any] = {"decode": {}, "threads": torch.get_num_threads()}
+    def __init__(self, args: argparse.Namespace, model_dir: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
 
-    def generate(prompts: list[list[int]], new: int) -> float:
-        ids = torch.tensor(prompts)
+        self.args, self.torch = args, torch
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.vocab = self.model.config.vocab_size
+
+    def warm(self, op: str, *args: Any) -> None:
+        """A short generate: torch compiles nothing, a first call only sets up threads and allocator."""
+        with self.torch.inference_mode():
+            self.model.generate(input_ids=self.torch.tensor(prompts_for(1, 16, self.vocab, 0)), max_new_tokens=2)
+
+    def decode(self, batch: int) -> float:
+        torch = self.torch
+        ids = torch.tensor(prompts_for(batch, self.args.prompt_tokens, self.vocab, batch))
+        new = self.args.new_tokens
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(
+            self.model.generate(
                 input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                 do_sample=False, pad_token_id=0,
             )  # fmt: skip
         return time.perf_counter() - start
 
-    for batch in args.batches:
-        prompts = prompts_for(batch, args.prompt_tokens, vocab, batch)
-        generate(prompts, 2)  # warm-up
-        out["decode"][batch] = generate(prompts, args.new_tokens)
-        progress("hf", f"batch {batch}: {out['decode'][batch]:.1f} s")
-    if args.long_prompt:
-        ids = torch.tensor(prompts_for(1, args.long_prompt, vocab, 99))
+    def long(self) -> float:
+        torch = self.torch
+        ids = torch.tensor(prompts_for(1, self.args.long_prompt, self.vocab, 99))
         with torch.inference_mode():
             start = time.perf_counter()
-            model(input_ids=ids, logits_to_keep=1)
-            out["long"] = time.perf_counter() - start
-    out["rss_gb"] = peak_rss_gb()
-    return out
+            self.model(input_ids=ids, logits_to_keep=1)
+            return time.perf_counter() - start
+
+    def finish(self) -> dict[str, Any]:
+        return {"rss_gb": peak_rss_gb(), "threads": self.torch.get_num_threads()}
+
+
+def serve_worker(args: argparse.Namespace) -> int:
+    """A worker's loop: one JSON request per stdin line ({"op": ..., "arg": ...}),
+    one marked JSON answer per request on stdout; "finish" ends it."""
+    side = (EngineSide if args.side == "engine" else HFSide)(args, args.model_dir)
+    print(ANSWER + json.dumps("ready"), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        method = getattr(side, request["op"])
+        answer = method(*request.get("args", []))
+        print(ANSWER + json.dumps(answer), flush=True)
+        if request["op"] == "finish":
+            break
+    return 0
+
+
+class Worker:
+    """The parent's handle on one side's worker subprocess."""
+
+    def __init__(self, side: str, model_dir: Path) -> None:
+        self.side = side
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--side", side, "--model-dir", str(model_dir)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, op: str, *args: Any) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if op != "ready":
+            self.proc.stdin.write(json.dumps({"op": op, "args": list(args)}) + "\n")
+            self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(ANSWER):
+                return json.loads(line[len(ANSWER) :])
+        raise RuntimeError(f"the {self.side} worker exited (status {self.proc.wait()}) during {op!r}")
+
+
+def interleaved(workers: list[Worker], args: argparse.Namespace, op: str, *op_args: Any) -> dict[str, float]:
+    """Median seconds of `op` per side: one untimed run each (unless --cold),
+    then `--repeats` timed runs taking turns between the sides."""
+    for worker in workers if not args.cold else []:
+        worker.ask("warm", op, *op_args)
+    times: dict[str, list[float]] = {w.side: [] for w in workers}
+    for _ in range(args.repeats):
+        for worker in workers:
+            times[worker.side].append(worker.ask(op, *op_args))
+            progress(worker.side, f"{op}{''.join(f' {a}' for a in op_args)}: {times[worker.side][-1]:.1f} s")
+    return {side: statistics.median(t) for side, t in times.items()}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--num-layers", type=int, help="override the shape's depth")
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 8, 32], help="none skips the decode rows")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per side and row (median)")
     parser.add_argument("--long-prompt", type=int, default=32768, help="0 skips the long-prompt row")
-    parser.add_argument("--first-turn", type=int, default=10000, help="first prompt of the 4-turn episode")
+    parser.add_argument("--cold", action="store_true", help="no untimed runs: times include compiling")
+    parser.add_argument("--engine-only", action="store_true", help="no transformers side")
+    parser.add_argument("--first-turn", type=int, default=10000, help="first prompt of the 4-turn episode; 0 skips")
     parser.add_argument("--turn-tokens", type=int, default=500, help="tokens each later turn adds")
     parser.add_argument("--side", choices=("engine", "hf"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if min(args.batches) < 1 or args.prompt_tokens < 1 or args.new_tokens < 1 or args.long_prompt < 0:
-        parser.error("batches, --prompt-tokens and --new-tokens must be positive")
-    args.episode_tokens = lambda: args.first_turn + 4 * (args.turn_tokens + 1)
+    if (
+        min(args.batches, default=1) < 1
+        or min(args.prompt_tokens, args.new_tokens, args.repeats, args.num_layers or 1) < 1
+        or min(args.long_prompt, args.first_turn, args.turn_tokens) < 0
+    ):
+        parser.error("batches, --prompt-tokens, --new-tokens, --repeats and --num-layers must be positive")
+    args.episode_tokens = args.first_turn + 4 * (args.turn_tokens + 1) if args.first_turn else 0
     if args.side:
-        result = (run_engine if args.side == "engine" else run_hf)(args, args.model_dir)
-        print(json.dumps(result))
-        return 0
+        return serve_worker(args)
 
     from legorl_jax.models.demo_assets import build_tiny_hf_model
 
-    shape = SHAPES[args.shape]
+    shape = SHAPES[args.shape] | ({"num_layers": args.num_layers} if args.num_layers else {})
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_hf_model(Path(tmp) / args.shape, **shape)
-        sides = {}
-        for side in ("engine", "hf"):
-            cmd = [sys.executable, __file__, *sys.argv[1:], "--side", side, "--model-dir", str(model_dir)]
-            done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
-            sides[side] = json.loads(done.stdout.strip().splitlines()[-1])
-    engine, hf = sides["engine"], sides["hf"]
+        workers = [Worker(side, model_dir) for side in ("engine", "hf")[: 1 if args.engine_only else 2]]
+        try:
+            report(args, shape, workers)
+        finally:
+            for worker in workers:
+                worker.proc.kill()
+    return 0
+
+
+def report(args: argparse.Namespace, shape: dict[str, Any], workers: list[Worker]) -> None:
+    """Runs the rows through the workers and prints them."""
+    for worker in workers:
+        worker.ask("ready")
     bandwidth = memory_bandwidth_gbs()
-    print(f"shape {args.shape} {shape}; prompt {args.prompt_tokens}, new {args.new_tokens} tokens; "
-          f"torch threads {hf['threads']}; memory bandwidth {bandwidth:.1f} GB/s")  # fmt: skip
-    print(f"{'batch':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>7}")
-    for batch in args.batches:
+    progress("bench", f"memory bandwidth {bandwidth:.1f} GB/s")
+    decode = {batch: interleaved(workers, args, "decode", batch) for batch in args.batches}
+    long = interleaved(workers, args, "long") if args.long_prompt else {}
+    turns = workers[0].ask("episode") if args.first_turn else None
+    engine = workers[0].ask("finish")
+    hf = workers[1].ask("finish") if len(workers) > 1 else None
+    lengths = f"prompt {args.prompt_tokens}, new {args.new_tokens} tokens; " if decode else ""
+    print(f"shape {args.shape} {shape}; {lengths}"
+          f"median of {args.repeats} timed run(s) per side; memory bandwidth {bandwidth:.1f} GB/s"
+          + (f"; torch threads {hf['threads']}" if hf else ""))  # fmt: skip
+    if decode:
+        print(f"{'batch':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>7}")
+    for batch, seconds in decode.items():
         tokens = batch * args.new_tokens
-        e, h = engine["decode"][str(batch)], hf["decode"][str(batch)]
+        e, h = seconds["engine"], seconds.get("hf", float("nan"))
         print(f"{batch:>5} {tokens / e:>13.1f} {tokens / h:>10.1f} {h / e:>6.2f}x")
-    # Batch-1 decode reads every weight once per token (the KV read is small beside it).
-    bound = bandwidth / engine["weights_gb"]
-    if 1 in args.batches:
-        e1 = args.new_tokens / engine["decode"]["1"]
+    if 1 in decode:
+        # Batch-1 decode reads every weight once per token (the KV read is small beside it).
+        bound = bandwidth / engine["weights_gb"]
+        e1 = args.new_tokens / decode[1]["engine"]
         print(f"batch-1 bound: {bound:.1f} tok/s ({engine['weights_gb']:.2f} GB of weights / {bandwidth:.1f} GB/s); "
               f"engine at {e1 / bound:.0%} of it (includes prefill of the prompt)")  # fmt: skip
-    if args.long_prompt:
-        print(f"prefill of {args.long_prompt} tokens: engine {engine['long']:.1f} s, one transformers forward "
-              f"{hf['long']:.1f} s ({engine['long'] / hf['long']:.2f}x)")  # fmt: skip
-    turns = "; ".join(f"{s:.2f} s, {hit}/{n} cached" for s, n, hit in engine["episode"])
-    later = engine["episode"][1:]
-    rate = sum(hit for _, _, hit in later) / sum(n for _, n, _ in later)
-    print(f"4-turn episode ({args.first_turn} + {args.turn_tokens}/turn tokens), engine per turn: {turns}; "
-          f"prefix-cache hit rate of turns 2-4 {rate:.1%}")  # fmt: skip
-    print(f"peak RSS: engine {engine['rss_gb']:.2f} GB (after load {engine['rss_start_gb']:.2f} GB, "
-          f"after decode rows {engine['rss_decode_gb']:.2f} GB; "
+    if long:
+        versus = f", one transformers forward {long['hf']:.1f} s ({long['engine'] / long['hf']:.2f}x)" if hf else ""
+        print(f"prefill of {args.long_prompt} tokens: engine {long['engine']:.1f} s{versus}")
+    if turns:
+        per_turn = "; ".join(f"{s:.2f} s, {hit}/{n} cached" for s, n, hit in turns)
+        rate = sum(hit for _, _, hit in turns[1:]) / sum(n for _, n, _ in turns[1:])
+        print(f"4-turn episode ({args.first_turn} + {args.turn_tokens}/turn tokens), engine per turn: {per_turn}; "
+              f"prefix-cache hit rate of turns 2-4 {rate:.1%}")  # fmt: skip
+    after_decode = f"after decode rows {engine['rss_decode_gb']:.2f} GB; " if decode else ""
+    print(f"peak RSS: engine {engine['rss_gb']:.2f} GB (after load {engine['rss_start_gb']:.2f} GB; {after_decode}"
           f"weights {engine['weights_gb']:.2f} GB + KV used {engine['kv_used_gb']:.2f} GB, "
-          f"pool {engine['kv_pool_gb']:.2f} GB); transformers {hf['rss_gb']:.2f} GB")  # fmt: skip
-    return 0
+          f"pool {engine['kv_pool_gb']:.2f} GB)" + (f"; transformers {hf['rss_gb']:.2f} GB" if hf else ""))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -55,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "requests beyond it wait",
     )  # fmt: skip
     parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        help="reuse the K/V of a prompt prefix already computed (vLLM's flag of the same name; default: on)",
+    )  # fmt: skip
+    parser.add_argument(
         "--return-tokens-as-token-ids",
         action="store_true",
         help="write logprob tokens as 'token_id:<id>' (vLLM's flag of the same name)",
@@ -83,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             kv_cache_dtype=args.kv_cache_dtype,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+            enable_prefix_caching=args.enable_prefix_caching,
             served_name=args.served_model_name,
         )
     except WeightsError as exc:

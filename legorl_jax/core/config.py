@@ -161,31 +161,49 @@ class EngineConfig(Strict):
         "gives up.",
     )
     extra_args: list[str] = Field([], description="Extra arguments for `vllm serve`.")
-    # The embedded engine's options (`legorl serve --help`); vLLM takes its own in extra_args.
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Embedded: weights and compute dtype.")
+    # Options of a launched engine: `legorl serve --help`, and for vLLM the flag each maps to.
+    dtype: Literal["float32", "bfloat16"] | None = Field(
+        None,
+        description="Weights and compute dtype (--dtype); None: the engine's default (embedded: float32, "
+        "vllm: the checkpoint's).",
+    )
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="Embedded: K/V storage dtype (auto: the compute dtype)."
+        "auto", description="K/V storage dtype (--kv-cache-dtype; auto: the compute dtype; vllm has no float32)."
     )
     kv_cache_memory_bytes: int | None = Field(
         None,
         gt=0,
-        description="Embedded: bytes of the KV-cache pool; requests beyond it wait (None: the engine's "
-        "default, the weights' size, 512 MiB or one max_context sequence, whichever is most).",
+        description="Bytes of the KV-cache pool (--kv-cache-memory-bytes); requests beyond it wait (None: "
+        "embedded: the weights' size, 512 MiB or one max_context sequence, whichever is most; vllm: from its "
+        "--gpu-memory-utilization).",
+    )
+    enable_prefix_caching: bool = Field(
+        True,
+        description="Reuse the K/V of a prompt prefix already computed (--enable-prefix-caching / "
+        "--no-enable-prefix-caching).",
     )
     max_chunk: int = Field(512, gt=0, description="Embedded: largest prefill chunk (tokens) per engine step.")
 
     @model_validator(mode="after")
-    def _embedded_options(self) -> EngineConfig:
-        # Set for another kind they would be dropped without a word; say where they go instead. Compared
-        # with the defaults, not with the fields given, so that a dumped config loads again.
-        embedded_only = ("dtype", "kv_cache_dtype", "kv_cache_memory_bytes", "max_chunk")
+    def _engine_options(self) -> EngineConfig:
+        # Set where no flag takes them they would be dropped without a word; say where they go instead.
+        # Compared with the defaults, not with the fields given, so that a dumped config loads again.
         fields = type(self).model_fields
-        stray = [n for n in embedded_only if getattr(self, n) != fields[n].default] if self.kind != "embedded" else []
-        if stray:
+        launched = ("dtype", "kv_cache_dtype", "kv_cache_memory_bytes", "enable_prefix_caching", "max_chunk")
+        stray = [n for n in launched if getattr(self, n) != fields[n].default]
+        if self.kind == "external" and stray:
             raise ValueError(
-                f"{', '.join(stray)}: options of the embedded engine, not of kind {self.kind!r} "
-                "(vllm: pass its own flags in engine.extra_args; external: set them where that engine is started)"
+                f"{', '.join(stray)}: options of an engine this process launches, not of kind 'external' "
+                "(set them where that engine is started)"
             )
+        if self.kind == "vllm" and "max_chunk" in stray:
+            raise ValueError(
+                "max_chunk: vLLM has no per-step prefill chunk of this meaning (its --max-num-batched-tokens "
+                "caps a step's tokens over all requests, --long-prefill-token-threshold one request's, and not "
+                "when it runs alone); pass the one you mean in engine.extra_args"
+            )
+        if self.kind == "vllm" and self.kv_cache_dtype == "float32":
+            raise ValueError("kv_cache_dtype: vLLM's --kv-cache-dtype has no float32; use auto or bfloat16")
         return self
 
 

@@ -3,8 +3,10 @@ calls, with vLLM's paths, bodies and error shapes.
 
 Weight reload is vLLM's dev-mode sequence: `POST /pause`, `POST /collective_rpc`
 `{"method": "reload_weights", "kwargs": {"weights_path": DIR}}`,
-`POST /reset_prefix_cache`, `POST /resume`. Each reports the loaded
-`weight_version` so a caller can confirm what it is talking to.
+`POST /reset_prefix_cache`, `POST /update_weight_version` (the policy label
+sampled tokens carry: `return_weight_versions`), `POST /resume`. Each reports
+the loaded `weight_version` (reloads since start) so a caller can confirm what
+it is talking to.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from legorl_jax.serve.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    UpdateWeightVersionRequest,
     error_body,
 )
 
@@ -213,6 +216,12 @@ def create_app(served: ServedModel, *, return_tokens_as_token_ids: bool = False)
     async def reset_prefix_cache() -> dict[str, Any]:
         reset = await asyncio.to_thread(engine.reset_cache)
         return versioned(status="reset", slots_reset=reset)
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(req: UpdateWeightVersionRequest) -> dict[str, Any]:
+        # vLLM 0.33's label for the weights (no load): every token sampled from now on carries it.
+        engine.set_version_label(req.new_version)
+        return {"success": True, "new_version": req.new_version}
 
     @app.post("/collective_rpc")
     async def collective_rpc(req: CollectiveRpcRequest) -> dict[str, Any]:

@@ -7,7 +7,8 @@ collide). A new request walks its prompt block by block and reuses every
 registered block it finds, so it prefills only what follows them. Blocks no
 row holds stay registered and are evicted least recently used first when a
 new block is needed. `reset` forgets every key: after a weight update no
-request can be served K/V computed by older weights.
+request can be served K/V computed by older weights. With `caching` off
+nothing is registered or reused; lookups are still counted (all misses).
 
 Block 0 is never handed out: it fills the unused entries of block tables.
 """
@@ -27,12 +28,13 @@ _ROOT = (-1, 0)
 
 
 class BlockPool:
-    """`num_blocks` blocks of `block_size` positions (block 0 reserved)."""
+    """`num_blocks` blocks of `block_size` positions (block 0 reserved); prefix
+    caching unless `caching` is False."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, caching: bool = True) -> None:
         if num_blocks < 2 or block_size < 1:
             raise ValueError(f"need >= 2 blocks of >= 1 position, got {num_blocks} of {block_size}")
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_blocks, self.block_size, self.caching = num_blocks, block_size, caching
         self._free: deque[int] = deque(range(1, num_blocks))
         self._idle: OrderedDict[int, None] = OrderedDict()  # registered, held by no row; LRU first
         self._refs = [0] * num_blocks
@@ -71,7 +73,7 @@ class BlockPool:
         last prompt token is always recomputed: its logits are what gets sampled.
         """
         matched: list[int] = []
-        if reuse:
+        if reuse and self.caching:
             parent = None
             for chunk in self._chunks(prompt, len(prompt) - 1):
                 block = self._by_key.get(self._key(parent, chunk))
@@ -108,6 +110,8 @@ class BlockPool:
         """Registers the full blocks among a row's first `computed` positions,
         continuing after the `walked` blocks done before, whose chain ends at
         `parent`. Returns the new (walked, parent)."""
+        if not self.caching:
+            return walked, parent
         size = self.block_size
         for i in range(walked, computed // size):
             block = blocks[i]

@@ -55,6 +55,7 @@ class CompletionRun:
             logprobs=req.logprobs,
             tokens_as_ids=as_token_ids_default if as_ids is None else as_ids,
             return_token_ids=req.return_token_ids,
+            return_weight_versions=req.return_weight_versions,
         )
         self.builders = [
             ChoiceBuilder(i * req.n + j, prompt, served.tokenizer, options)

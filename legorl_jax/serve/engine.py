@@ -71,6 +71,7 @@ class Engine:
         max_chunk: int = 256,
         max_prompt_chunk: int | None = None,
         max_step_pairs: int | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         self._step = step
         self._state = state
@@ -78,7 +79,7 @@ class Engine:
         self._new_cache = lambda: _committed(new_cache())
         self._cache = self._new_cache()
         num_blocks, block_size = self._cache.k.shape[1:3]
-        self._blocks = BlockPool(num_blocks, block_size)
+        self._blocks = BlockPool(num_blocks, block_size, prefix_caching)
         self.max_len = max_len
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
@@ -98,6 +99,8 @@ class Engine:
         self._failure: str | None = None  # why the loop died, if it did
         self._epoch = 0
         self.weight_version = 0
+        # The label each sampled token carries (vLLM's POST /update_weight_version; "default" until set).
+        self.version_label = "default"
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "finished": 0}
         self._thread = threading.Thread(target=self._loop, name="legorl-engine", daemon=True)
 
@@ -168,7 +171,9 @@ class Engine:
     # ----- weights and pausing ----------------------------------------------
     def pause(self, mode: PauseMode) -> None:
         """abort: end in-flight requests now; wait: let them finish first;
-        keep: freeze them where they are. Returns once no step is running."""
+        keep: freeze them where they are. Returns once no step is running, or,
+        called from a request's sink (the loop's own thread, mid-step), at once:
+        no further step starts, so a request can be frozen after an exact token."""
         with self._cond:
             if mode == "abort":
                 self._finish_all("abort")
@@ -178,7 +183,8 @@ class Engine:
                 self._cond.wait_for(lambda: self._stopping or not any(self._slots))
                 self._draining = False
             self._paused = True
-            self._cond.wait_for(lambda: not self._stepping)
+            if threading.current_thread() is not self._thread:
+                self._cond.wait_for(lambda: not self._stepping)
 
     def resume(self) -> None:
         with self._cond:
@@ -198,6 +204,12 @@ class Engine:
             self.weight_version += 1
             self._invalidate_cache()
             return self.weight_version
+
+    def set_version_label(self, label: str) -> None:
+        """Labels the weights for every token sampled from now on; the caller
+        sets it while paused, so no token of the new weights has the old label."""
+        with self._cond:
+            self.version_label = label
 
     def reset_cache(self) -> int:
         """Drops all cached K/V; kept requests recompute it. Returns slots reset."""
@@ -283,7 +295,7 @@ class Engine:
             self._fail_slots(f"engine step failed: {exc}")
             self._cache = self._new_cache()
             with self._cond:
-                self._blocks = BlockPool(self._blocks.num_blocks, self._blocks.block_size)
+                self._blocks = BlockPool(self._blocks.num_blocks, self._blocks.block_size, self._blocks.caching)
         finally:
             with self._cond:
                 self._stepping = False
@@ -351,7 +363,7 @@ class Engine:
             top = list(zip(out.top_ids[row, :k].tolist(), out.top_logprobs[row, :k].tolist(), strict=True))
         slot.tokens.append(token)
         self.counters["generation_tokens"] += 1
-        slot.request.sink(TokenEvent(token, float(out.logprob[row]), top))
+        slot.request.sink(TokenEvent(token, float(out.logprob[row]), top, self.version_label))
         if token in params.stop_token_ids:
             self._finish(index, FinishEvent("stop", token))
         elif token in self.eos_token_ids and not params.ignore_eos:

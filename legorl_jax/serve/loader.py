@@ -133,6 +133,7 @@ def load_served_model(
     dtype: DType = "float32",
     kv_cache_dtype: str = "auto",
     kv_cache_memory_bytes: int | None = None,
+    enable_prefix_caching: bool = True,
     served_name: str | None = None,
 ) -> ServedModel:
     """Builds and starts the engine for an HF directory (weights + tokenizer).
@@ -140,7 +141,8 @@ def load_served_model(
     kv_cache_dtype "auto" keeps K/V in the compute dtype; kv_cache_memory_bytes
     is the pool's size (default: the weights' size, 512 MiB or one max_len
     sequence, whichever is most). Requests beyond what the
-    pool holds wait for blocks."""
+    pool holds wait for blocks. enable_prefix_caching off: every prompt
+    prefills in full (vLLM's --no-enable-prefix-caching)."""
     from legorl_jax.models import init_kv_cache
 
     path = Path(model_dir)
@@ -159,6 +161,7 @@ def load_served_model(
         max_chunk=max_chunk,
         max_prompt_chunk=max_chunk_for(max_slots, config.vocab_size, max_chunk),
         max_step_pairs=SCORES_BUDGET_BYTES // (4 * config.num_heads),
+        prefix_caching=enable_prefix_caching,
     ).start()
     return ServedModel(
         engine=engine,

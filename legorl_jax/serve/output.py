@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from legorl_jax.serve.protocol import CompletionChoice, CompletionLogprobs
+from legorl_jax.serve.protocol import CompletionChoice, CompletionLogprobs, WeightVersionSpan
 from legorl_jax.serve.request_types import FinishEvent, PromptEntry, TokenEvent
 
 _INCOMPLETE = "\ufffd"  # what a byte-level decode yields for a cut UTF-8 sequence
@@ -29,6 +29,7 @@ class ChoiceOptions:
     logprobs: int | None = None
     tokens_as_ids: bool = False
     return_token_ids: bool = False
+    return_weight_versions: bool = False
 
 
 class ChoiceBuilder:
@@ -40,6 +41,7 @@ class ChoiceBuilder:
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.tops: list[list[tuple[int, float]] | None] = []
+        self.versions: list[WeightVersionSpan] = []  # runs of tokens sampled under one weight version label
         self.text = ""
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -67,9 +69,24 @@ class ChoiceBuilder:
         self.token_ids.append(event.token)
         self.logprobs.append(event.logprob)
         self.tops.append(event.top)
+        self._add_version(event.version)
         previous = len(self.text)
         self._detokenize(final=False)
         return self._check_stop_strings(previous)
+
+    def _add_version(self, version: str) -> None:
+        last = self.versions[-1] if self.versions else None
+        if last is not None and last.version == version:
+            last.end += 1
+        else:
+            at = len(self.token_ids) - 1
+            self.versions.append(WeightVersionSpan(version=version, start=at, end=at + 1))
+
+    def _weight_versions(self) -> list[WeightVersionSpan] | None:
+        """Covers every output token; a stop string's cut leaves token_ids whole, so the spans too."""
+        if not self.opt.return_weight_versions:
+            return None
+        return [span.model_copy() for span in self.versions]
 
     def _decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=self.opt.skip_special_tokens)
@@ -151,6 +168,7 @@ class ChoiceBuilder:
             prompt_logprobs=self.prompt_logprobs,
             prompt_token_ids=self.prompt if self.opt.return_token_ids else None,
             token_ids=self.token_ids if self.opt.return_token_ids else None,
+            weight_versions=self._weight_versions(),
         )
 
     def delta(self) -> CompletionChoice | None:
@@ -175,6 +193,8 @@ class ChoiceBuilder:
             prompt_logprobs=self.prompt_logprobs if first else None,
             prompt_token_ids=self.prompt if self.opt.return_token_ids and first else None,
             token_ids=self.token_ids[lo:hi] if self.opt.return_token_ids else None,
+            # vLLM sends the spans of the whole output once, on the last chunk.
+            weight_versions=self._weight_versions() if self.finished else None,
         )
         self._sent_tokens, self._sent_text = hi, ready
         return choice

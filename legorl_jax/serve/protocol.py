@@ -58,6 +58,7 @@ class CompletionRequest(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False
+    return_weight_versions: bool = False
     return_tokens_as_token_ids: bool | None = None
     skip_special_tokens: bool = True
     add_special_tokens: bool = True
@@ -145,6 +146,21 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = []
 
 
+class WeightVersionSpan(BaseModel):
+    """vLLM 0.33's per-token weight versions: output tokens [start, end) were
+    sampled by the weights labelled `version`."""
+
+    version: str
+    start: int
+    end: int
+
+
+class UpdateWeightVersionRequest(_Lenient):
+    """`POST /update_weight_version`: the label later sampled tokens carry."""
+
+    new_version: str = Field(min_length=1, max_length=256)
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -160,6 +176,7 @@ class CompletionChoice(BaseModel):
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
+    weight_versions: list[WeightVersionSpan] | None = None
 
 
 class CompletionResponse(BaseModel):

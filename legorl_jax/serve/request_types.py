@@ -29,6 +29,7 @@ class TokenEvent:
     token: int
     logprob: float
     top: list[tuple[int, float]] | None
+    version: str = "default"  # the policy version label of the weights that sampled it (vLLM's weight_versions)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,9 +15,9 @@ import numpy as np
 from legorl_jax.fleet import GroupResult
 from legorl_jax.rl.advantages import compute_advantages
 from legorl_jax.rl.batching import TrainSequence
+from legorl_jax.train.harness_metrics import PASS_THRESHOLD, harness_metrics
+from legorl_jax.train.token_versions import VersionStats
 from protos.legorl.v1 import rollout_pb2 as pb
-
-PASS_THRESHOLD = 1.0 - 1e-6
 
 
 @dataclass
@@ -33,7 +33,8 @@ def is_informative(group: GroupResult) -> bool:
 
 
 def rollout_metrics(groups: list[GroupResult]) -> dict[str, float]:
-    """Reward, pass rates (overall and per harness configuration) and statuses."""
+    """Reward, pass rates (overall and per harness configuration), statuses, and
+    `harness_metrics` per configuration."""
     trajectories = [t for g in groups for t in g.trajectories]
     graded = [t for t in trajectories if t.HasField("reward")]
     out: dict[str, float] = {
@@ -56,51 +57,74 @@ def rollout_metrics(groups: list[GroupResult]) -> dict[str, float]:
         out[f"pass_rate/{config_id}"] = float(np.mean(passes))
     for status, count in Counter(pb.TrialStatus.Name(t.status) for t in trajectories).items():
         out[f"status/{status.removeprefix('TRIAL_STATUS_').lower()}"] = float(count)
+    out.update(harness_metrics(trajectories))
     return out
 
 
 def assemble(
     groups: list[GroupResult], estimator: str, *, min_policy_version: int = 0, include_side_calls: bool = False
 ) -> Assembled:
-    """Advantages per group, then one TrainSequence per trainable token sequence."""
+    """Advantages per group, then one TrainSequence per trainable token sequence.
+    The lag bound applies per token: a token sampled by a policy older than
+    `min_policy_version` leaves the loss (masked), a sequence with none left is
+    dropped, and a trajectory with none left leaves its group's baseline too."""
+    stats = VersionStats()
     stale = 0
     rewards: list[list[float | None]] = []
+    versions: list[list[list[np.ndarray | None]]] = []  # per group, trajectory, sequence
     for group in groups:
         row: list[float | None] = []
+        group_versions: list[list[np.ndarray | None]] = []
         for t in group.trajectories:
-            versions = [s.policy_version for s in t.sequences]
-            if versions and min(versions) < min_policy_version:
-                stale += 1  # sampled by a policy older than the lag bound allows
+            seq_versions, all_stale = stats.read(t, min_policy_version, include_side_calls)
+            if all_stale:
+                stale += 1  # every token sampled by a policy older than the lag bound allows
                 row.append(None)
             else:
                 row.append(t.reward if t.HasField("reward") else None)
+            group_versions.append(seq_versions)
         rewards.append(row)
+        versions.append(group_versions)
     advantages = compute_advantages(rewards, estimator)
 
     out = Assembled(informative_groups=advantages.kept_groups)
-    skipped_sequences = 0
-    for group, group_adv in zip(groups, advantages.advantages, strict=True):
-        for trajectory, advantage in zip(group.trajectories, group_adv, strict=True):
+    skipped_sequences = stale_sequences = 0
+    for group, group_adv, group_versions in zip(groups, advantages.advantages, versions, strict=True):
+        for trajectory, advantage, seq_versions in zip(group.trajectories, group_adv, group_versions, strict=True):
             if advantage is None:
                 continue
-            for seq in trajectory.sequences:
-                if (seq.side_call and not include_side_calls) or len(seq.token_ids) < 2 or not any(seq.loss_mask):
+            for seq, seq_v in zip(trajectory.sequences, seq_versions, strict=True):
+                if (
+                    (seq.side_call and not include_side_calls)
+                    or len(seq.token_ids) < 2
+                    or not any(seq.loss_mask)
+                    or seq_v is None
+                ):
                     skipped_sequences += 1
                     continue
+                fresh = np.asarray(seq.loss_mask, bool) & (seq_v >= min_policy_version)
+                if not fresh.any():
+                    stale_sequences += 1
+                    continue
+                stats.add_trained(seq_v)
                 out.sequences.append(
                     TrainSequence(
                         token_ids=np.asarray(seq.token_ids, np.int32),
-                        loss_mask=np.asarray(seq.loss_mask, bool),
+                        loss_mask=fresh,
+                        # Per token, from the engine step that sampled it: the IS ratios use them as they are.
                         behavior_logprobs=np.asarray(seq.behavior_logprobs, np.float32),
                         advantage=float(advantage),
-                        policy_version=seq.policy_version,
+                        policy_version=int(seq_v[fresh].min()),
+                        token_versions=np.where(fresh, seq_v, -1),
                     )
                 )
     out.metrics = {
         **rollout_metrics(groups),
         **advantages.metrics(),
+        **stats.metrics(),
         "trajectories/stale": float(stale),
         "sequences/trained": float(len(out.sequences)),
         "sequences/skipped": float(skipped_sequences),
+        "sequences/stale": float(stale_sequences),
     }
     return out

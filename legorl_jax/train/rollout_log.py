@@ -161,6 +161,9 @@ class RolloutLog:
             "model_calls": seq.num_model_calls,
             "root_reason": seq.root_reason,
             "recomputed_tokens": seq.recomputed_tokens,
+            # [version, count] runs over the sampled tokens in order (two for a completion an update split).
+            "versions": [[int(v), int(n)] for v, n in zip(seq.version_runs, seq.version_run_lengths, strict=False)],
+            "unreported_version_tokens": seq.unreported_version_tokens,
         }
         if self.tokens == "none" or (self.tokens == "train" and advantage is None):
             return out

@@ -48,6 +48,9 @@ class TokenCompletion:
     stop_reason: int | str | None
     prompt_token_ids: list[int] | None
     prompt_logprobs: list[float | None] | None
+    # (label, start, end) runs over token_ids: the weights that sampled each token
+    # (return_weight_versions); None when the engine gave none (vLLM before 0.33, or not asked).
+    weight_versions: list[tuple[str, int, int]] | None = None
 
 
 def completion_body(
@@ -104,6 +107,21 @@ def _prompt_logprobs(choice: dict[str, Any]) -> list[float | None] | None:
     return out
 
 
+def _weight_versions(choice: dict[str, Any], n_tokens: int) -> list[tuple[str, int, int]] | None:
+    """vLLM 0.33's `weight_versions` spans, checked to cover the output tokens in order."""
+    spans = choice.get("weight_versions")
+    if spans is None:
+        return None
+    try:
+        out = [(str(s["version"]), int(s["start"]), int(s["end"])) for s in spans]
+    except (TypeError, KeyError, ValueError) as exc:
+        raise EngineError(200, f"malformed weight_versions {spans!r}: {exc!r}", "ProtocolError") from None
+    ends = [0] + [end for _, _, end in out]
+    if any(start != ends[i] or end <= start for i, (_, start, end) in enumerate(out)) or ends[-1] != n_tokens:
+        raise EngineError(200, f"weight_versions {spans!r} do not cover the {n_tokens} output tokens", "ProtocolError")
+    return out
+
+
 def parse_choice(choice: dict[str, Any]) -> TokenCompletion:
     """Token ids come from `token_ids` (return_token_ids), else from
     `token_id:<n>` logprob tokens; each id is paired with its logprob by position."""
@@ -123,6 +141,7 @@ def parse_choice(choice: dict[str, Any]) -> TokenCompletion:
         stop_reason=choice.get("stop_reason"),
         prompt_token_ids=choice.get("prompt_token_ids"),
         prompt_logprobs=_prompt_logprobs(choice),
+        weight_versions=_weight_versions(choice, len(token_ids)),
     )
 
 
@@ -302,6 +321,18 @@ class EngineClient:
             "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights_path}}
         )
 
+    async def label_weights(self, version: str) -> bool:
+        """Labels the served weights for the tokens sampled from now on (vLLM 0.33's
+        `POST /update_weight_version`, which the embedded engine serves too).
+        False where the engine has no such route (vLLM before 0.33): its tokens carry no versions."""
+        try:
+            await self._post("/update_weight_version", {"new_version": version})
+        except EngineError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     async def _load(self, weights_path: str) -> dict[str, Any]:
         result = await self.reload_weights(weights_path)
         if await self.reset_prefix_cache() is False:
@@ -312,10 +343,14 @@ class EngineClient:
             )
         return result
 
-    async def update_weights(self, weights_path: str, mode: PauseMode = "keep") -> dict[str, Any]:
-        """pause → reload → reset prefix cache → resume. Resume runs whatever
-        failed, so no request hangs on a paused engine. A failed update raises
-        EngineError with the engine back on its previous weights: reloaded, or,
+    async def update_weights(
+        self, weights_path: str, mode: PauseMode = "keep", version: str | None = None
+    ) -> dict[str, Any]:
+        """pause → reload → reset prefix cache → label `version` → resume. With
+        mode keep, requests in flight resume under the new weights, and their
+        later tokens carry the new label. Resume runs whatever failed, so no
+        request hangs on a paused engine. A failed update raises EngineError
+        with the engine back on its previous weights (and label): reloaded, or,
         where that fails too, restarted on them by its launcher."""
         epoch = self.watch.epoch() if self.watch is not None else 0
         restarted = False
@@ -323,6 +358,8 @@ class EngineClient:
             await self.pause(mode)
             try:
                 result = await self._load(weights_path)
+                if version is not None:
+                    await self.label_weights(version)
             except EngineError as exc:
                 where, restarted = await self._restore(weights_path, epoch)
                 raise EngineError(exc.status, f"{exc.message}; {where}", exc.err_type, exc.param) from exc
@@ -386,5 +423,5 @@ class SyncEngineClient:
     def complete(self, prompt: list[int] | str, **sampling: Any) -> list[TokenCompletion]:
         return self._run(self._async.complete(prompt, **sampling))
 
-    def update_weights(self, weights_path: str, mode: PauseMode = "keep") -> dict[str, Any]:
-        return self._run(self._async.update_weights(weights_path, mode))
+    def update_weights(self, weights_path: str, mode: PauseMode = "keep", version: str | None = None) -> dict[str, Any]:
+        return self._run(self._async.update_weights(weights_path, mode, version))

@@ -28,10 +28,12 @@ def embedded_plan(
         "--max-model-len", str(engine.max_context),
         "--max-num-seqs", str(engine.max_batch),
         "--max-chunk", str(engine.max_chunk),
-        "--dtype", engine.dtype,
         "--kv-cache-dtype", engine.kv_cache_dtype,
         "--return-tokens-as-token-ids",
+        "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
     ]  # fmt: skip
+    if engine.dtype is not None:
+        command += ["--dtype", engine.dtype]
     if engine.kv_cache_memory_bytes is not None:
         command += ["--kv-cache-memory-bytes", str(engine.kv_cache_memory_bytes)]
     if served_model_name is not None:

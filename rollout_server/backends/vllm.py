@@ -14,6 +14,9 @@ Flags and why:
   so every host would sample the same sequence; each launch draws its own.
 - `--tokenizer`: the base model's, so a restart can serve a weights
   directory that carries no tokenizer of its own.
+- the engine section's launch options, as vLLM's flags of the same meaning
+  (`engine_flags`; each exists in 0.17.0 and 0.33.0, `vllm/engine/arg_utils.py`);
+  `max_chunk` has none and the config refuses it for vLLM.
 - `VLLM_SERVER_DEV_MODE=1`: serves /pause, /resume, /collective_rpc and
   /reset_prefix_cache, the weight-update calls. Weights reload through the
   worker's own `reload_weights(weights_path=…)`, which runs vLLM's post-load
@@ -85,6 +88,19 @@ def check_vllm_version(executable: str = "vllm", timeout_s: float = 300.0) -> Ve
     return version
 
 
+def engine_flags(engine: EngineConfig) -> list[str]:
+    """vLLM's flags for the engine section's launch options: the prefix-cache
+    switch always; dtype, KV dtype and pool size when set (else vLLM chooses)."""
+    flags = ["--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching"]
+    if engine.dtype is not None:
+        flags += ["--dtype", engine.dtype]
+    if engine.kv_cache_dtype != "auto":
+        flags += ["--kv-cache-dtype", engine.kv_cache_dtype]
+    if engine.kv_cache_memory_bytes is not None:
+        flags += ["--kv-cache-memory-bytes", str(engine.kv_cache_memory_bytes)]
+    return flags
+
+
 def vllm_plan(
     engine: EngineConfig,
     model_dir: str | Path,
@@ -110,5 +126,11 @@ def vllm_plan(
         "--return-tokens-as-token-ids",
         "--generation-config", "vllm",
     ]  # fmt: skip
-    command += engine.extra_args
+    options_flags = engine_flags(engine)
+    for flag in (f for f in options_flags if f.startswith("--")):
+        base = flag.removeprefix("--").removeprefix("no-")
+        twice = [a for a in engine.extra_args if a.split("=")[0] in (f"--{base}", f"--no-{base}")]
+        if twice:
+            raise ValueError(f"engine.extra_args sets {twice[0]}, which the engine section already sets ({flag})")
+    command += options_flags + engine.extra_args
     return LaunchPlan(command=command, env={"VLLM_SERVER_DEV_MODE": "1"}, url=f"http://{engine.host}:{port}")

@@ -7,7 +7,10 @@ from "token_id:<n>" logprob tokens, paired with logprobs by position); this
 adapter applies the session's sampling and turns every engine failure into
 the proxy's `engine_unavailable`, which each dialect answers as a 503.
 Prompt logprobs (recompute_logprobs) are refused, as a 400, from an engine that
-computes them at temperature 1 when the session samples at another.
+computes them at temperature 1 when the session samples at another. Each call
+asks for the weight version of every sampled token (`return_weight_versions`:
+the policy version the rollout server labelled the weights with); an engine
+that gives none, or labels that are not policy versions, leave them unknown.
 
 The transport is `engine_transport` (keep-alive connections, the least CPU
 per call: this hop is on every model call); bodies are serialised and parsed
@@ -67,6 +70,17 @@ class EngineCompletion:
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" or "length"
     prompt_logprobs: tuple[float | None, ...] | None = None  # per prompt position, when asked for
+    # The policy version that sampled each token; None when the engine did not say.
+    versions: tuple[int, ...] | None = None
+
+
+def token_versions(spans: list[tuple[str, int, int]] | None) -> tuple[int, ...] | None:
+    """Per-token policy versions from weight-version spans (already checked to
+    cover the tokens). None when any label is not a policy version: the engine
+    was never labelled ("default"), or was restarted since it was."""
+    if spans is None or not all(label.isdigit() for label, _, _ in spans):
+        return None
+    return tuple(int(label) for label, start, end in spans for _ in range(end - start))
 
 
 class ProxyEngineClient:
@@ -112,6 +126,7 @@ class ProxyEngineClient:
             **sampling.as_kwargs(),
             # Ids also as logprob tokens, for engines without return_token_ids.
             return_tokens_as_token_ids=True,
+            return_weight_versions=True,
         )
         try:
             choices = [parse_choice(c) for c in (await self._post(body))["choices"]]
@@ -135,6 +150,7 @@ class ProxyEngineClient:
             tuple(choice.logprobs),
             choice.finish_reason or "stop",
             None if prompt is None else tuple(prompt),
+            token_versions(choice.weight_versions),
         )
 
     async def aclose(self) -> None:

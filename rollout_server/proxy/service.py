@@ -124,10 +124,11 @@ class ProxyCore:
             has_history=any(m.role == "assistant" for m in call.request.messages),
             policy_version=version,
         )
-        seq.extend(ids, [1] * len(ids), completion.logprobs)
+        seq.extend_sampled(ids, completion.logprobs, completion.versions, version)
         seq.extend(closing, [0] * len(closing), [0.0] * len(closing))
         if not merged:  # a sequence this call opened: the reused sampled tokens are trained in it too
-            seq.train_on(*retrained)
+            # Prompt logprobs come from the prefill, under the weights of the first sampled token.
+            seq.train_on(*retrained, version=completion.versions[0] if completion.versions else version)
         tail = call.prompt.gen_tail
         turn = SampledTurn(
             len(session.turns),

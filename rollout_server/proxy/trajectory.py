@@ -2,7 +2,9 @@
 
 A call whose prompt extends an existing sequence (its prompt + completion)
 token-exactly is appended to it: the new prompt ids with loss mask 0, the
-sampled ids with mask 1 and their behaviour logprobs. Any other call starts a
+sampled ids with mask 1, their behaviour logprobs and the policy version that
+sampled each (the engine's per-token weight versions: an update that lands
+mid-completion gives one completion two versions). Any other call starts a
 new sequence, for one of these reasons: `first_call`, `side_call` (another
 system prompt or tool set: title generation, sub-agents; flagged so the
 trainer can include or exclude it), `restart` (the same conversation asked
@@ -33,6 +35,11 @@ class CapturedSequence:
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     behavior_logprobs: list[float] = field(default_factory=list)
+    # The policy version whose logprob each trained token carries; -1 on context tokens.
+    token_versions: list[int] = field(default_factory=list)
+    # Trained tokens whose version the engine did not report (older vLLM, an external
+    # engine): they carry the version the server believed it served, not a measured one.
+    unreported_versions: int = 0
     calls: list[int] = field(default_factory=list)
 
     def extend(
@@ -41,16 +48,37 @@ class CapturedSequence:
         mask: list[int] | tuple[int, ...],
         logprobs: list[float] | tuple[float, ...],
     ) -> None:
+        """Appends tokens; trained ones go through `extend_sampled`, so these carry no version."""
         self.token_ids.extend(ids)
         self.loss_mask.extend(mask)
         self.behavior_logprobs.extend(logprobs)
+        self.token_versions.extend([-1] * len(ids))
 
-    def train_on(self, positions: list[int], logprobs: list[float]) -> None:
+    def extend_sampled(
+        self,
+        ids: list[int] | tuple[int, ...],
+        logprobs: list[float] | tuple[float, ...],
+        versions: tuple[int, ...] | None,
+        believed: int,
+    ) -> None:
+        """Appends a completion's sampled tokens with the version that sampled each,
+        or, where the engine did not say, `believed` for all of them (counted)."""
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1] * len(ids))
+        self.behavior_logprobs.extend(logprobs)
+        if versions is None:
+            self.unreported_versions += len(ids)
+            versions = (believed,) * len(ids)
+        self.token_versions.extend(versions)
+        self.policy_version = min([self.policy_version, *versions])
+
+    def train_on(self, positions: list[int], logprobs: list[float], version: int) -> None:
         """Turns context tokens into trained ones (loss mask 1), with the
-        behaviour logprobs the engine recomputed for them."""
+        behaviour logprobs the engine recomputed for them under `version`."""
         for at, logprob in zip(positions, logprobs, strict=True):
             self.loss_mask[at] = 1
             self.behavior_logprobs[at] = logprob
+            self.token_versions[at] = version
 
 
 @dataclass

@@ -168,3 +168,14 @@ def test_weight_reload_sequence(client: SyncEngineClient, prompt: list[int], rel
     if isinstance(entry, dict) and "weight_version" in entry:  # the embedded engine reports versions
         assert entry["weight_version"] >= 1
         assert json.loads(httpx.get(f"{engine_url}/is_paused").text)["is_paused"] is False
+
+
+def test_tokens_carry_the_weights_label(client: SyncEngineClient, prompt: list[int], engine_url: str) -> None:
+    """vLLM 0.33's per-token weight versions: POST /update_weight_version labels the weights,
+    and a completion asked for `return_weight_versions` gets spans of that label."""
+    labelled = httpx.post(f"{engine_url}/update_weight_version", json={"new_version": "12"})
+    if labelled.status_code == 404:
+        pytest.skip("this engine predates vLLM 0.33: no per-token weight versions")
+    assert labelled.json()["success"] is True
+    choice = client.complete(prompt, max_tokens=4, ignore_eos=True, return_weight_versions=True)[0]
+    assert choice.weight_versions == [("12", 0, 4)]

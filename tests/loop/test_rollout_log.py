@@ -74,6 +74,9 @@ def test_records_decode_sampled_text_and_resume_cuts_back(tokenizer_dir: Path, t
                 num_model_calls=1,
                 root_reason="history_rewritten",
                 recomputed_tokens=2,
+                # An update landed mid-completion: the first sampled token is version 2's.
+                version_runs=[2, 3],
+                version_run_lengths=[1, len(answer) - 1],
             )
         ],
     )
@@ -103,6 +106,7 @@ def test_records_decode_sampled_text_and_resume_cuts_back(tokenizer_dir: Path, t
     assert seq["logprobs"] == [-0.1235] * len(answer)  # sampled tokens only, rounded
     assert seq["advantage"] == 0.75 and seq["policy_version"] == 3 and seq["model_calls"] == 1
     assert (seq["root_reason"], seq["recomputed_tokens"]) == ("history_rewritten", 2)
+    assert seq["versions"] == [[2, 1], [3, len(answer) - 1]] and seq["unreported_version_tokens"] == 0
     assert lines[1]["reward"] is None and lines[1]["status"] == "env_failure" and lines[1]["error"]
     assert lines[1]["sequences"] == []
     assert lines[2]["sequences"][0]["advantage"] is None  # evaluations are not trained

@@ -18,7 +18,7 @@ def sample(
     version: int = 0,
 ) -> tuple[int, bool]:
     seq, merged = traj.place(prompt, root, has_tools=tools, has_history=history, policy_version=version)
-    seq.extend(completion, [1] * len(completion), [-0.5] * len(completion))
+    seq.extend_sampled(completion, [-0.5] * len(completion), None, version)
     return seq.index, merged
 
 

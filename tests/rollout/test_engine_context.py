@@ -158,9 +158,16 @@ def test_the_engine_options_reach_the_command_line_or_are_refused() -> None:
         256,
         CONFIG_CONTEXT,
     )
-    assert embedded_plan(host_config().engine, "/m").command.count("--kv-cache-memory-bytes") == 0
+    defaults = build_parser().parse_args(embedded_plan(host_config().engine, "/m").command[3:])
+    assert (defaults.kv_cache_memory_bytes, defaults.dtype, defaults.enable_prefix_caching) == (None, "float32", True)
+    off = host_config(**{"engine.enable_prefix_caching": "false"}).engine
+    assert not build_parser().parse_args(embedded_plan(off, "/m").command[3:]).enable_prefix_caching
     # Options only the embedded engine has, given for another kind, name themselves.
-    with pytest.raises(ConfigError, match="max_chunk"):
+    with pytest.raises(ConfigError, match="max_chunk: vLLM has no per-step prefill chunk"):
         host_config(**{"engine.kind": "vllm", "engine.max_chunk": 1024})
+    with pytest.raises(ConfigError, match="kv_cache_dtype: vLLM's --kv-cache-dtype has no float32"):
+        host_config(**{"engine.kind": "vllm", "engine.kv_cache_dtype": "float32"})
     with pytest.raises(ConfigError, match="kv_cache_memory_bytes"):
         host_config(**{"engine.kind": "external", "engine.url": "http://h:1", "engine.kv_cache_memory_bytes": 1})
+    with pytest.raises(ConfigError, match="enable_prefix_caching"):
+        host_config(**{"engine.kind": "external", "engine.url": "http://h:1", "engine.enable_prefix_caching": "false"})

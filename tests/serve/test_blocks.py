@@ -67,3 +67,17 @@ def test_reset_forgets_every_prefix() -> None:
     pool.reset()  # e.g. new weights: K/V computed by the old ones must not be served
     assert pool.allocate(prompt, 6, reuse=True)[1] == 0  # type: ignore[index]
     assert pool.used == 6
+
+
+def test_with_caching_off_nothing_is_shared_but_lookups_are_counted() -> None:
+    pool = BlockPool(num_blocks=8, block_size=4, caching=False)
+    prompt = list(range(10))
+    blocks, hit = pool.allocate(prompt, 12, reuse=True)  # type: ignore[misc]
+    _computed(pool, blocks, prompt)
+    again, hit = pool.allocate(prompt, 12, reuse=True)  # type: ignore[misc]
+    assert hit == 0 and not set(again) & set(blocks)
+    assert (pool.queried_tokens, pool.hit_tokens) == (20, 0)
+    pool.release(blocks)
+    pool.release(again)
+    # Released blocks are free, not kept for a prefix: all 7 can be reserved at once.
+    assert pool.used == 0 and pool.allocate(prompt, 28, reuse=True) is not None

@@ -87,3 +87,32 @@ def test_requests_beyond_the_pool_wait_and_too_long_ones_are_refused(small_pool:
     assert stats["kv_blocks_used"] == 0 and stats["kv_blocks_total"] == 6
     r = httpx.post(small_pool.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 150})
     assert r.status_code == 400 and "KV cache holds 192 tokens" in r.json()["error"]["message"]
+
+
+def test_with_prefix_caching_off_a_repeated_prompt_prefills_in_full(small_pool: Any, tiny_model_dir: Path) -> None:
+    """Counters: a repeat of the 70-token prompt takes its three 32-token prefill
+    chunks again (one with the cache on), hits none, and samples the same."""
+    from legorl_jax.serve.server import EmbeddedEngine
+
+    def twice(running: Any) -> tuple[list[Any], int, dict[str, int]]:
+        client = SyncEngineClient(running.url, timeout=120)
+        client.complete(PROMPT, max_tokens=1)
+        before = running.served.engine.stats()
+        got = client.complete(PROMPT, max_tokens=3, temperature=0.0)[0]
+        after = running.served.engine.stats()
+        return [got.token_ids, got.logprobs], after["steps"] - before["steps"], after
+
+    on, on_steps, _ = twice(small_pool)
+    with EmbeddedEngine.start(
+        tiny_model_dir, max_slots=4, max_len=256, max_chunk=32, kv_cache_memory_bytes=POOL_BYTES,
+        enable_prefix_caching=False,
+    ) as off_engine:  # fmt: skip
+        off, off_steps, stats = twice(off_engine)
+        metrics = httpx.get(off_engine.url + "/metrics").text
+    assert (on_steps, off_steps) == (1 + 2, 3 + 2)  # prefill steps + the two decode steps
+    assert stats["prefix_cache_hits"] == 0 and stats["prefix_cache_queries"] == 2 * len(PROMPT)
+    lines = [line for line in metrics.splitlines() if line.startswith("vllm:prefix_cache")]
+    reported = {line.split("{")[0]: float(line.split()[-1]) for line in lines}
+    assert (reported["vllm:prefix_cache_queries_total"], reported["vllm:prefix_cache_hits_total"]) == (140, 0)
+    assert off[0] == on[0]
+    np.testing.assert_allclose(off[1], on[1], atol=1e-5)

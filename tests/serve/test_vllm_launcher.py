@@ -45,6 +45,54 @@ def test_vllm_command_carries_the_flags_rl_needs(vllm_standin: str) -> None:
     assert _pairs(later.command)["--served-model-name"] == _pairs(later.command)["--tokenizer"] == "/models/qwen3"
 
 
+def test_the_engine_options_become_vllm_flags(vllm_standin: str) -> None:
+    options = VllmOptions(executable=vllm_standin)
+    default = vllm_plan(EngineConfig(kind="vllm", port=8123), "/m", options).command
+    assert "--enable-prefix-caching" in default
+    assert not {"--dtype", "--kv-cache-dtype", "--kv-cache-memory-bytes"} & set(default)  # vLLM chooses
+    config = EngineConfig(
+        kind="vllm", port=8123, dtype="bfloat16", kv_cache_dtype="bfloat16", kv_cache_memory_bytes=2**30,
+        enable_prefix_caching=False,
+    )  # fmt: skip
+    command = vllm_plan(config, "/m", options).command
+    flags = _pairs(command)
+    assert (flags["--dtype"], flags["--kv-cache-dtype"], flags["--kv-cache-memory-bytes"]) == (
+        "bfloat16",
+        "bfloat16",
+        str(2**30),
+    )
+    assert "--no-enable-prefix-caching" in command and "--enable-prefix-caching" not in command
+    # One value from two places would leave which one vLLM takes to argument order.
+    twice = config.model_copy(update={"extra_args": ["--enable-prefix-caching"]})
+    with pytest.raises(ValueError, match="extra_args sets --enable-prefix-caching"):
+        vllm_plan(twice, "/m", options)
+    with pytest.raises(ValueError, match="--dtype=float16"):
+        vllm_plan(config.model_copy(update={"extra_args": ["--dtype=float16"]}), "/m", options)
+
+
+@pytest.mark.parametrize("version", ["0.17.1", "0.33.0"])
+def test_vllm_takes_the_mapped_flags(
+    vllm_standin: str, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """The stand-in parses `serve` with the flags and choices of that vLLM's arg_utils."""
+    monkeypatch.setenv("STANDIN_VLLM_VERSION", version)
+    config = EngineConfig(
+        kind="vllm", port=0, max_batch=2, max_context=64, dtype="bfloat16", kv_cache_dtype="bfloat16",
+        kv_cache_memory_bytes=2**28, enable_prefix_caching=False,
+    )  # fmt: skip
+    engine = start_engine(config, tiny_model_dir, VllmOptions(executable=vllm_standin), health_timeout=180)
+    try:
+        state = httpx.get(f"{engine.url}/standin/state").json()
+    finally:
+        engine.stop()
+    assert state["options"] == {
+        "dtype": "bfloat16",
+        "kv_cache_dtype": "bfloat16",
+        "kv_cache_memory_bytes": 2**28,
+        "enable_prefix_caching": False,
+    }
+
+
 def test_each_plan_draws_its_own_seed_unless_one_is_configured(vllm_standin: str) -> None:
     config = EngineConfig(kind="vllm", port=8123)
     seeds = {_pairs(vllm_plan(config, "/m", VllmOptions(executable=vllm_standin)).command)["--seed"] for _ in range(8)}

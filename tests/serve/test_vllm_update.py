@@ -5,6 +5,8 @@ match the sampling temperature, and a sampling seed of each host's own."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from legorl_jax.core.config import EngineConfig
 from rollout_server.backends.client import EngineError, SyncEngineClient
 from rollout_server.backends.launch import ManagedEngine, start_engine
 from rollout_server.backends.vllm import VllmOptions
+from rollout_server.proxy.engine_client import CompletionParams, EngineCompletion, ProxyEngineClient
 
 CONFIG = EngineConfig(kind="vllm", port=0, max_batch=4, max_context=256)
 PROMPT = [5, 6, 7, 8]
@@ -167,3 +170,42 @@ def test_two_hosts_sample_different_sequences(vllm_standin: str, tiny_model_dir:
         assert _state(engine)["seed"] != _state(other)["seed"]
     finally:
         other.stop()
+
+
+@pytest.mark.parametrize("version", ["0.17.1", "0.33.0"])
+def test_vllm_per_token_versions_reach_the_proxy_as_the_embedded_engine_s(
+    vllm_standin: str, tiny_model_dir: Path, other_weights_dir: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """The update labels the new weights; 0.33.0's spans split a completion in flight into
+    per-token policy versions, 0.17.1 (no labels, no spans) leaves them unknown."""
+    monkeypatch.setenv("STANDIN_TOKEN_DELAY_S", "0.05")
+    monkeypatch.setenv("STANDIN_VLLM_VERSION", version)
+    engine = _launch(vllm_standin, tiny_model_dir)
+    try:
+        client = engine.sync_client(timeout=120)
+        client.update_weights(str(tiny_model_dir), version="0")  # as a rollout server labels at start
+
+        async def complete() -> EngineCompletion:
+            proxy_client = ProxyEngineClient(engine.url, client.model(), timeout_s=120)
+            try:
+                # top_k 1: greedy, so the completion runs its full length every time.
+                return await proxy_client.complete(PROMPT, CompletionParams(1.0, 1.0, 1, 40, ()))
+            finally:
+                await proxy_client.aclose()
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(asyncio.run, complete())
+            while not _state(engine)["running"]:
+                time.sleep(0.02)
+            time.sleep(0.3)  # a few tokens in
+            client.update_weights(str(other_weights_dir), version="1")
+            completion = pending.result(timeout=60)
+    finally:
+        engine.stop()
+    assert len(completion.token_ids) == 40
+    if version == "0.17.1":
+        assert completion.versions is None
+        return
+    assert completion.versions is not None
+    switch = completion.versions.index(1)
+    assert 0 < switch < 40 and completion.versions == (0,) * switch + (1,) * (40 - switch)

@@ -52,6 +52,12 @@ def _at_least_033() -> bool:
     return (major, minor) >= (0, 33)
 
 
+def kv_cache_dtypes() -> tuple[str, ...]:
+    """vllm/config/cache.py CacheDType (the fp8 family and, from 0.33, float16 and more)."""
+    common = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+    return (*common, "float16", "nvfp4_ds_mla") if _at_least_033() else common
+
+
 def tensors_digest(named: Iterable[tuple[str, Any]]) -> int:
     """A 63-bit digest of (name, tensor) pairs in name order, whatever the array type."""
     h = hashlib.sha256()
@@ -196,9 +202,11 @@ class Engine:
     def admit(self, prompt: list[int]) -> Seq:
         """A cached prefix keeps the KV (and so the weights) it was computed under."""
         key = tuple(prompt[:16])
-        cached = self.prefix_cache.get(key) if len(prompt) >= 16 else None
+        # vllm/config/cache.py: enable_prefix_caching None resolves to on for these models.
+        caching = len(prompt) >= 16 and self.args.enable_prefix_caching is not False
+        cached = self.prefix_cache.get(key) if caching else None
         seq = Seq(prompt, cached if cached is not None else self.runner.model.params)
-        if len(prompt) >= 16:
+        if caching:
             self.prefix_cache.setdefault(key, seq.kv_params or 0)
         return seq
 
@@ -415,6 +423,10 @@ def build_app(engine: Engine) -> Starlette:
                 "params": live,
                 "weights_path": engine.runner.model_path,
                 "seed": args.seed,
+                "options": {
+                    name: getattr(args, name)
+                    for name in ("dtype", "kv_cache_dtype", "kv_cache_memory_bytes", "enable_prefix_caching")
+                },
                 "running": len(engine.running),
                 "stale_kv_requests": sum(1 for s in engine.running if s.kv_params not in (None, live)),
                 "stale_cached_prefixes": sum(1 for p in engine.prefix_cache.values() if p != live),
@@ -522,6 +534,11 @@ def main(argv: list[str]) -> int:
     serve.add_argument("--return-tokens-as-token-ids", action="store_true")
     serve.add_argument("--generation-config", default="auto")
     serve.add_argument("--worker-extension-cls", default="")
+    # vllm/engine/arg_utils.py (add_cli_args) with the choices of vllm/config/model.py and cache.py.
+    serve.add_argument("--dtype", choices=("auto", "half", "float16", "bfloat16", "float", "float32"), default="auto")
+    serve.add_argument("--kv-cache-dtype", choices=kv_cache_dtypes(), default="auto")
+    serve.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     args = parser.parse_args(argv)
     if args.logprobs_mode != "processed_logprobs":
         parser.error("this stand-in only reports processed logprobs")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/legorl/v1/rollout.proto\x12\tlegorl.v1\"\xe7\x02\n\x0eRolloutRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x05tasks\x18\x02 \x03(\x0b\x32\x12.legorl.v1.TaskRef\x12\x31\n\x0fharness_configs\x18\x03 \x03(\x0b\x32\x18.legorl.v1.HarnessConfig\x12\x12\n\ngroup_size\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.legorl.v1.SamplingParams\x12\x16\n\x0epolicy_version\x18\x06 \x01(\x04\x12&\n\x06limits\x18\x07 \x01(\x0b\x32\x16.legorl.v1.TrialLimits\x12\x35\n\x06labels\x18\x08 \x03(\x0b\x32%.legorl.v1.RolloutRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\t\x10\x10\"2\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08location\x18\x02 \x01(\tJ\x04\x08\x03\x10\x08\"L\n\rHarnessConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0coptions_json\x18\x02 \x01(\t\x12\x11\n\tconfig_id\x18\x03 \x01(\tJ\x04\x08\x04\x10\x08\"\x83\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x0c\n\x04seed\x18\x06 \x01(\x04J\x04\x08\x07\x10\x0c\"{\n\x0bTrialLimits\x12\x17\n\x0fmax_model_calls\x18\x01 \x01(\r\x12\x18\n\x10max_total_tokens\x18\x02 \x01(\x04\x12\x17\n\x0f\x61gent_timeout_s\x18\x03 \x01(\x02\x12\x1a\n\x12verifier_timeout_s\x18\x04 \x01(\x02J\x04\x08\x05\x10\n\"\xd6\x01\n\rTokenSequence\x12\x15\n\ttoken_ids\x18\x01 \x03(\rB\x02\x10\x01\x12\x15\n\tloss_mask\x18\x02 \x03(\rB\x02\x10\x01\x12\x1d\n\x11\x62\x65havior_logprobs\x18\x03 \x03(\x02\x42\x02\x10\x01\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x11\n\tside_call\x18\x05 \x01(\x08\x12\x17\n\x0fnum_model_calls\x18\x06 \x01(\r\x12\x13\n\x0broot_reason\x18\x07 \x01(\t\x12\x19\n\x11recomputed_tokens\x18\x08 \x01(\rJ\x04\x08\t\x10\x0c\"Z\n\nPhaseTimes\x12\x0f\n\x07setup_s\x18\x01 \x01(\x02\x12\x0f\n\x07\x61gent_s\x18\x02 \x01(\x02\x12\x10\n\x08verify_s\x18\x03 \x01(\x02\x12\x12\n\nteardown_s\x18\x04 \x01(\x02J\x04\x08\x05\x10\n\"\xec\x01\n\x0cTrialMetrics\x12\x13\n\x0bmodel_calls\x18\x01 \x01(\r\x12\x12\n\ntool_calls\x18\x02 \x01(\r\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x04\x12*\n\x0bphase_times\x18\x05 \x01(\x0b\x32\x15.legorl.v1.PhaseTimes\x12\x18\n\x10history_rewrites\x18\x06 \x01(\r\x12\x19\n\x11tool_parse_errors\x18\x07 \x01(\r\x12\x1a\n\x12verifier_no_reward\x18\x08 \x01(\x08J\x04\x08\t\x10\x10\"\xc6\x03\n\nTrajectory\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x13\n\x0btrial_index\x18\x04 \x01(\r\x12)\n\x07harness\x18\x05 \x01(\x0b\x32\x18.legorl.v1.HarnessConfig\x12+\n\tsequences\x18\x06 \x03(\x0b\x32\x18.legorl.v1.TokenSequence\x12\x13\n\x06reward\x18\x07 \x01(\x02H\x00\x88\x01\x01\x12&\n\x06status\x18\x08 \x01(\x0e\x32\x16.legorl.v1.TrialStatus\x12\r\n\x05\x65rror\x18\t \x01(\t\x12(\n\x07metrics\x18\n \x01(\x0b\x32\x17.legorl.v1.TrialMetrics\x12+\n\x08sampling\x18\x0b \x01(\x0b\x32\x19.legorl.v1.SamplingParams\x12\x31\n\x06labels\x18\x0c \x03(\x0b\x32!.legorl.v1.Trajectory.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\t\n\x07_rewardJ\x04\x08\r\x10\x15\"?\n\x14UpdateWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x10\n\x08location\x18\x02 \x01(\tJ\x04\x08\x03\x10\x08\"G\n\x15UpdateWeightsResponse\x12\x16\n\x0eloaded_version\x18\x01 \x01(\x04\x12\x10\n\x08reload_s\x18\x02 \x01(\x02J\x04\x08\x03\x10\x08\"\x84\x01\n\x0bWeightChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.legorl.v1.WeightHeaderH\x00\x12(\n\x06tensor\x18\x02 \x01(\x0b\x32\x16.legorl.v1.TensorChunkH\x00\x12\x0f\n\x05\x64\x65lta\x18\x03 \x01(\x0cH\x00\x42\t\n\x07payloadJ\x04\x08\x04\x10\x08\"\xa7\x01\n\x0cWeightHeader\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x31\n\x05\x66iles\x18\x02 \x03(\x0b\x32\".legorl.v1.WeightHeader.FilesEntry\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x08\x12\x10\n\x08relay_to\x18\x04 \x03(\t\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01J\x04\x08\x05\x10\x08\"]\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0cJ\x04\x08\x06\x10\n\"\x12\n\x10GetStatusRequest\"\xcb\x01\n\x0cServerStatus\x12\x10\n\x08\x63\x61pacity\x18\x01 \x01(\r\x12\x18\n\x10in_flight_trials\x18\x02 \x01(\r\x12\x15\n\rqueued_trials\x18\x03 \x01(\r\x12\x1d\n\x15loaded_policy_version\x18\x04 \x01(\x04\x12\x16\n\x0e\x65ngine_healthy\x18\x05 \x01(\x08\x12\x16\n\x0eserver_version\x18\x06 \x01(\t\x12\x11\n\tharnesses\x18\x07 \x03(\t\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08J\x04\x08\t\x10\x10*\xf2\x01\n\x0bTrialStatus\x12\x1c\n\x18TRIAL_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fTRIAL_STATUS_OK\x10\x01\x12\x1c\n\x18TRIAL_STATUS_ENV_FAILURE\x10\x02\x12\x18\n\x14TRIAL_STATUS_TIMEOUT\x10\x03\x12\x1e\n\x1aTRIAL_STATUS_HARNESS_ERROR\x10\x04\x12\x1d\n\x19TRIAL_STATUS_CAP_EXCEEDED\x10\x05\x12\x1d\n\x19TRIAL_STATUS_ENGINE_ERROR\x10\x06\x12\x1a\n\x16TRIAL_STATUS_CANCELLED\x10\x07\x32\xb3\x02\n\x0eRolloutService\x12=\n\x07Rollout\x12\x19.legorl.v1.RolloutRequest\x1a\x15.legorl.v1.Trajectory0\x01\x12R\n\rUpdateWeights\x12\x1f.legorl.v1.UpdateWeightsRequest\x1a .legorl.v1.UpdateWeightsResponse\x12K\n\rStreamWeights\x12\x16.legorl.v1.WeightChunk\x1a .legorl.v1.UpdateWeightsResponse(\x01\x12\x41\n\tGetStatus\x12\x1b.legorl.v1.GetStatusRequest\x1a\x17.legorl.v1.ServerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/legorl/v1/rollout.proto\x12\tlegorl.v1\"\xe7\x02\n\x0eRolloutRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x05tasks\x18\x02 \x03(\x0b\x32\x12.legorl.v1.TaskRef\x12\x31\n\x0fharness_configs\x18\x03 \x03(\x0b\x32\x18.legorl.v1.HarnessConfig\x12\x12\n\ngroup_size\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.legorl.v1.SamplingParams\x12\x16\n\x0epolicy_version\x18\x06 \x01(\x04\x12&\n\x06limits\x18\x07 \x01(\x0b\x32\x16.legorl.v1.TrialLimits\x12\x35\n\x06labels\x18\x08 \x03(\x0b\x32%.legorl.v1.RolloutRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\t\x10\x10\"2\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08location\x18\x02 \x01(\tJ\x04\x08\x03\x10\x08\"L\n\rHarnessConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0coptions_json\x18\x02 \x01(\t\x12\x11\n\tconfig_id\x18\x03 \x01(\tJ\x04\x08\x04\x10\x08\"\x83\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x0c\n\x04seed\x18\x06 \x01(\x04J\x04\x08\x07\x10\x0c\"{\n\x0bTrialLimits\x12\x17\n\x0fmax_model_calls\x18\x01 \x01(\r\x12\x18\n\x10max_total_tokens\x18\x02 \x01(\x04\x12\x17\n\x0f\x61gent_timeout_s\x18\x03 \x01(\x02\x12\x1a\n\x12verifier_timeout_s\x18\x04 \x01(\x02J\x04\x08\x05\x10\n\"\xb4\x02\n\rTokenSequence\x12\x15\n\ttoken_ids\x18\x01 \x03(\rB\x02\x10\x01\x12\x15\n\tloss_mask\x18\x02 \x03(\rB\x02\x10\x01\x12\x1d\n\x11\x62\x65havior_logprobs\x18\x03 \x03(\x02\x42\x02\x10\x01\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x11\n\tside_call\x18\x05 \x01(\x08\x12\x17\n\x0fnum_model_calls\x18\x06 \x01(\r\x12\x13\n\x0broot_reason\x18\x07 \x01(\t\x12\x19\n\x11recomputed_tokens\x18\x08 \x01(\r\x12\x18\n\x0cversion_runs\x18\x0c \x03(\x04\x42\x02\x10\x01\x12\x1f\n\x13version_run_lengths\x18\r \x03(\rB\x02\x10\x01\x12!\n\x19unreported_version_tokens\x18\x0e \x01(\rJ\x04\x08\t\x10\x0c\"Z\n\nPhaseTimes\x12\x0f\n\x07setup_s\x18\x01 \x01(\x02\x12\x0f\n\x07\x61gent_s\x18\x02 \x01(\x02\x12\x10\n\x08verify_s\x18\x03 \x01(\x02\x12\x12\n\nteardown_s\x18\x04 \x01(\x02J\x04\x08\x05\x10\n\"\xec\x01\n\x0cTrialMetrics\x12\x13\n\x0bmodel_calls\x18\x01 \x01(\r\x12\x12\n\ntool_calls\x18\x02 \x01(\r\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x04\x12*\n\x0bphase_times\x18\x05 \x01(\x0b\x32\x15.legorl.v1.PhaseTimes\x12\x18\n\x10history_rewrites\x18\x06 \x01(\r\x12\x19\n\x11tool_parse_errors\x18\x07 \x01(\r\x12\x1a\n\x12verifier_no_reward\x18\x08 \x01(\x08J\x04\x08\t\x10\x10\"\xc6\x03\n\nTrajectory\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x13\n\x0btrial_index\x18\x04 \x01(\r\x12)\n\x07harness\x18\x05 \x01(\x0b\x32\x18.legorl.v1.HarnessConfig\x12+\n\tsequences\x18\x06 \x03(\x0b\x32\x18.legorl.v1.TokenSequence\x12\x13\n\x06reward\x18\x07 \x01(\x02H\x00\x88\x01\x01\x12&\n\x06status\x18\x08 \x01(\x0e\x32\x16.legorl.v1.TrialStatus\x12\r\n\x05\x65rror\x18\t \x01(\t\x12(\n\x07metrics\x18\n \x01(\x0b\x32\x17.legorl.v1.TrialMetrics\x12+\n\x08sampling\x18\x0b \x01(\x0b\x32\x19.legorl.v1.SamplingParams\x12\x31\n\x06labels\x18\x0c \x03(\x0b\x32!.legorl.v1.Trajectory.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\t\n\x07_rewardJ\x04\x08\r\x10\x15\"?\n\x14UpdateWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x10\n\x08location\x18\x02 \x01(\tJ\x04\x08\x03\x10\x08\"G\n\x15UpdateWeightsResponse\x12\x16\n\x0eloaded_version\x18\x01 \x01(\x04\x12\x10\n\x08reload_s\x18\x02 \x01(\x02J\x04\x08\x03\x10\x08\"\x84\x01\n\x0bWeightChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.legorl.v1.WeightHeaderH\x00\x12(\n\x06tensor\x18\x02 \x01(\x0b\x32\x16.legorl.v1.TensorChunkH\x00\x12\x0f\n\x05\x64\x65lta\x18\x03 \x01(\x0cH\x00\x42\t\n\x07payloadJ\x04\x08\x04\x10\x08\"\xa7\x01\n\x0cWeightHeader\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x31\n\x05\x66iles\x18\x02 \x03(\x0b\x32\".legorl.v1.WeightHeader.FilesEntry\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x08\x12\x10\n\x08relay_to\x18\x04 \x03(\t\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01J\x04\x08\x05\x10\x08\"]\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0cJ\x04\x08\x06\x10\n\"\x12\n\x10GetStatusRequest\"\xcb\x01\n\x0cServerStatus\x12\x10\n\x08\x63\x61pacity\x18\x01 \x01(\r\x12\x18\n\x10in_flight_trials\x18\x02 \x01(\r\x12\x15\n\rqueued_trials\x18\x03 \x01(\r\x12\x1d\n\x15loaded_policy_version\x18\x04 \x01(\x04\x12\x16\n\x0e\x65ngine_healthy\x18\x05 \x01(\x08\x12\x16\n\x0eserver_version\x18\x06 \x01(\t\x12\x11\n\tharnesses\x18\x07 \x03(\t\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08J\x04\x08\t\x10\x10*\xf2\x01\n\x0bTrialStatus\x12\x1c\n\x18TRIAL_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fTRIAL_STATUS_OK\x10\x01\x12\x1c\n\x18TRIAL_STATUS_ENV_FAILURE\x10\x02\x12\x18\n\x14TRIAL_STATUS_TIMEOUT\x10\x03\x12\x1e\n\x1aTRIAL_STATUS_HARNESS_ERROR\x10\x04\x12\x1d\n\x19TRIAL_STATUS_CAP_EXCEEDED\x10\x05\x12\x1d\n\x19TRIAL_STATUS_ENGINE_ERROR\x10\x06\x12\x1a\n\x16TRIAL_STATUS_CANCELLED\x10\x07\x32\xb3\x02\n\x0eRolloutService\x12=\n\x07Rollout\x12\x19.legorl.v1.RolloutRequest\x1a\x15.legorl.v1.Trajectory0\x01\x12R\n\rUpdateWeights\x12\x1f.legorl.v1.UpdateWeightsRequest\x1a .legorl.v1.UpdateWeightsResponse\x12K\n\rStreamWeights\x12\x16.legorl.v1.WeightChunk\x1a .legorl.v1.UpdateWeightsResponse(\x01\x12\x41\n\tGetStatus\x12\x1b.legorl.v1.GetStatusRequest\x1a\x17.legorl.v1.ServerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,12 +39,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENSEQUENCE'].fields_by_name['loss_mask']._serialized_options = b'\020\001'
   _globals['_TOKENSEQUENCE'].fields_by_name['behavior_logprobs']._loaded_options = None
   _globals['_TOKENSEQUENCE'].fields_by_name['behavior_logprobs']._serialized_options = b'\020\001'
+  _globals['_TOKENSEQUENCE'].fields_by_name['version_runs']._loaded_options = None
+  _globals['_TOKENSEQUENCE'].fields_by_name['version_runs']._serialized_options = b'\020\001'
+  _globals['_TOKENSEQUENCE'].fields_by_name['version_run_lengths']._loaded_options = None
+  _globals['_TOKENSEQUENCE'].fields_by_name['version_run_lengths']._serialized_options = b'\020\001'
   _globals['_TRAJECTORY_LABELSENTRY']._loaded_options = None
   _globals['_TRAJECTORY_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_WEIGHTHEADER_FILESENTRY']._loaded_options = None
   _globals['_WEIGHTHEADER_FILESENTRY']._serialized_options = b'8\001'
-  _globals['_TRIALSTATUS']._serialized_start=2566
-  _globals['_TRIALSTATUS']._serialized_end=2808
+  _globals['_TRIALSTATUS']._serialized_start=2660
+  _globals['_TRIALSTATUS']._serialized_end=2902
   _globals['_ROLLOUTREQUEST']._serialized_start=46
   _globals['_ROLLOUTREQUEST']._serialized_end=405
   _globals['_ROLLOUTREQUEST_LABELSENTRY']._serialized_start=354
@@ -58,31 +62,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRIALLIMITS']._serialized_start=671
   _globals['_TRIALLIMITS']._serialized_end=794
   _globals['_TOKENSEQUENCE']._serialized_start=797
-  _globals['_TOKENSEQUENCE']._serialized_end=1011
-  _globals['_PHASETIMES']._serialized_start=1013
-  _globals['_PHASETIMES']._serialized_end=1103
-  _globals['_TRIALMETRICS']._serialized_start=1106
-  _globals['_TRIALMETRICS']._serialized_end=1342
-  _globals['_TRAJECTORY']._serialized_start=1345
-  _globals['_TRAJECTORY']._serialized_end=1799
+  _globals['_TOKENSEQUENCE']._serialized_end=1105
+  _globals['_PHASETIMES']._serialized_start=1107
+  _globals['_PHASETIMES']._serialized_end=1197
+  _globals['_TRIALMETRICS']._serialized_start=1200
+  _globals['_TRIALMETRICS']._serialized_end=1436
+  _globals['_TRAJECTORY']._serialized_start=1439
+  _globals['_TRAJECTORY']._serialized_end=1893
   _globals['_TRAJECTORY_LABELSENTRY']._serialized_start=354
   _globals['_TRAJECTORY_LABELSENTRY']._serialized_end=399
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=1801
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=1864
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1866
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1937
-  _globals['_WEIGHTCHUNK']._serialized_start=1940
-  _globals['_WEIGHTCHUNK']._serialized_end=2072
-  _globals['_WEIGHTHEADER']._serialized_start=2075
-  _globals['_WEIGHTHEADER']._serialized_end=2242
-  _globals['_WEIGHTHEADER_FILESENTRY']._serialized_start=2192
-  _globals['_WEIGHTHEADER_FILESENTRY']._serialized_end=2236
-  _globals['_TENSORCHUNK']._serialized_start=2244
-  _globals['_TENSORCHUNK']._serialized_end=2337
-  _globals['_GETSTATUSREQUEST']._serialized_start=2339
-  _globals['_GETSTATUSREQUEST']._serialized_end=2357
-  _globals['_SERVERSTATUS']._serialized_start=2360
-  _globals['_SERVERSTATUS']._serialized_end=2563
-  _globals['_ROLLOUTSERVICE']._serialized_start=2811
-  _globals['_ROLLOUTSERVICE']._serialized_end=3118
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=1895
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=1958
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1960
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=2031
+  _globals['_WEIGHTCHUNK']._serialized_start=2034
+  _globals['_WEIGHTCHUNK']._serialized_end=2166
+  _globals['_WEIGHTHEADER']._serialized_start=2169
+  _globals['_WEIGHTHEADER']._serialized_end=2336
+  _globals['_WEIGHTHEADER_FILESENTRY']._serialized_start=2286
+  _globals['_WEIGHTHEADER_FILESENTRY']._serialized_end=2330
+  _globals['_TENSORCHUNK']._serialized_start=2338
+  _globals['_TENSORCHUNK']._serialized_end=2431
+  _globals['_GETSTATUSREQUEST']._serialized_start=2433
+  _globals['_GETSTATUSREQUEST']._serialized_end=2451
+  _globals['_SERVERSTATUS']._serialized_start=2454
+  _globals['_SERVERSTATUS']._serialized_end=2657
+  _globals['_ROLLOUTSERVICE']._serialized_start=2905
+  _globals['_ROLLOUTSERVICE']._serialized_end=3212
 # @@protoc_insertion_point(module_scope)
