@@ -16,6 +16,7 @@ import posixpath
 import shutil
 import tarfile
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -127,6 +128,10 @@ class DockerSandbox:
         self._network = network
         self._container: Container | None = None
         self._deadline = 0.0
+        # A trial cancelled while `start` runs in its worker thread calls `stop` before the container
+        # exists; the lock and flag let `start` remove a container made after that stop.
+        self._lock = threading.Lock()
+        self._stopped = False
 
     @property
     def isolated(self) -> bool:
@@ -175,7 +180,7 @@ class DockerSandbox:
                         refusal,
                     )
             self._deadline = time.time() + self.spec.wall_clock_s
-            self._container = self._client.containers.run(
+            container = self._client.containers.run(
                 image_id,
                 entrypoint=["sh", "-c", _KEEPER, "keeper"],
                 command=[str(int(self.spec.wall_clock_s) + 1)],
@@ -193,6 +198,13 @@ class DockerSandbox:
                 network_mode=None if self._network is not None else "none",
                 security_opt=["no-new-privileges"],
             )
+            with self._lock:
+                stopped = self._stopped
+                if not stopped:
+                    self._container = container
+            if stopped:
+                container.remove(force=True, v=True)
+                raise SandboxError(f"sandbox {self.spec.trial_id} was stopped while it started")
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot start a container for trial {self.spec.trial_id}: {exc}") from exc
 
@@ -336,10 +348,13 @@ class DockerSandbox:
         return max(counts) if counts else None
 
     def stop(self) -> None:
-        if self._container is None:
+        with self._lock:
+            self._stopped = True
+            container = self._container
+        if container is None:
             return
         try:
-            self._container.remove(force=True, v=True)
+            container.remove(force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:

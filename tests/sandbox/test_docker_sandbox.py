@@ -120,6 +120,17 @@ def test_stop_is_idempotent_and_removes(make_box: MakeBox, docker_client: docker
     assert box.failure_reason() == "container was removed during the trial"
 
 
+def test_a_start_that_ends_after_its_stop_leaves_no_container(docker_client: docker.DockerClient) -> None:
+    """A trial cancelled while its sandbox starts (in a worker thread) runs `stop` before the
+    container exists: the start that finishes afterwards removes what it made."""
+    trial = f"late-{uuid.uuid4().hex[:8]}"
+    box = DockerSandbox(SandboxSpec(trial_id=trial, environment_dir=None, docker_image=BASE_IMAGE), docker_client, None)
+    box.stop()
+    with pytest.raises(SandboxError, match="stopped while it started"):
+        box.start()
+    assert docker_client.containers.list(all=True, filters={"label": f"{TRIAL_LABEL}={trial}"}) == []
+
+
 def test_unstarted_and_networkless_sandbox_errors(docker_client: docker.DockerClient) -> None:
     box = DockerSandbox(
         SandboxSpec(trial_id="idle", environment_dir=None, docker_image=BASE_IMAGE), docker_client, None
