@@ -5,10 +5,10 @@ What runs where (`attention_kernel`; "auto" is the default):
 - XLA (`jax.nn.dot_product_attention(implementation="xla")`) runs everywhere
   and builds the [B, N, T, S] score matrix. It is what "auto" picks off
   GPU/TPU and for shapes the fused kernels do not take.
-- KV-cache steps (the embedded engine's prefill/decode) run `cached_attention`
-  whatever the setting: XLA code that reads the keys a tile at a time with an
-  online softmax, so scores never span the whole window and tiles past a
-  step's last position are skipped (long training rows are where a fused
+- KV-cache steps (the embedded engine's prefill/decode) run `paged_attention`
+  whatever the setting: XLA code that gathers the keys from the block pool a
+  tile at a time with an online softmax, so scores never span the whole window
+  and tiles past a step's last position are skipped (long training rows are where a fused
   kernel pays, and serving on accelerator hosts is vLLM's).
 - cuDNN's fused kernel: "auto" picks it on an Ampere-or-newer NVIDIA GPU for
   training-shaped calls with 16-bit activations and head_dim a multiple of 8
@@ -54,6 +54,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
 from legorl_jax.models.config import AttentionKernel
+from legorl_jax.models.kv_cache import LayerView, read_blocks
 from legorl_jax.models.sharding import BATCH_AXES
 
 Implementation = Literal["xla", "cudnn", "splash"]
@@ -199,49 +200,68 @@ def _splash_fits(head_dim: int, seq_len: int) -> bool:
     return jax.device_count() == 1 or not jax.sharding.get_abstract_mesh().empty
 
 
-# Keys per tile of a KV-cache step: scores [rows, heads, chunk, KV_TILE] stay
+# Keys per tile of a KV-cache step: scores [heads, rows, chunk, KV_TILE] stay
 # small enough to stay in cache, and the step skips tiles no query reaches.
 KV_TILE = 512
 
+Carry = tuple[jax.Array, jax.Array, jax.Array]  # running max, running sum, weighted values
 
-def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, tile: int = KV_TILE) -> jax.Array:
-    """Attention of a KV-cache step: q[B, T, N, H] at positions[B, T] over a
-    window k/v[B, S, K, H] whose index s holds position s -> [B, T, N, H].
+
+def paged_attention(q: jax.Array, view: LayerView, positions: jax.Array, tile: int = KV_TILE) -> jax.Array:
+    """Attention of a KV-cache step: q[B, T, N, H] at positions[B, T] over the
+    pool blocks of each row's table (`view`), whose position s lives in block
+    table[b, s // block_size] -> [B, T, N, H].
 
     A query at position p sees keys 0..p; a padding query (-1) sees key 0
-    only, so its softmax stays finite. Keys are read `tile` at a time with a
-    running max and sum (the same softmax, never an [S]-wide score row), and
-    only up to the step's furthest position: a chunk costs chunk x context
-    so far, not chunk x window.
+    only, so its softmax stays finite. The window's blocks are gathered once,
+    head-major, so both products batch over (head, row) with no transpose;
+    keys are then read a tile at a time with a running max and sum, and only
+    up to the step's furthest position: a chunk costs chunk x context so far.
+    Tiles every query sees whole skip the mask.
     """
     b, t, n, h = q.shape
-    kv_heads = k.shape[2]
-    tile = min(tile, k.shape[1])
-    pad = -k.shape[1] % tile
-    if pad:  # keys past the window sit beyond every query's position: masked
-        k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (k, v))
-    # Query head i reads kv head i // (N / K), as dot_product_attention groups them.
-    grouped = q.reshape(b, t, kv_heads, n // kv_heads, h)
-    seen = jnp.maximum(positions, 0)[:, None, None, :, None]  # [B, 1, 1, T, 1]
+    kv_heads, block = view.k.shape[1], view.k.shape[3]
+    group = n // kv_heads
+    # Tiles of at most `tile` keys, as even as the window allows, so padding stays under a tile's count of blocks.
+    width = view.table.shape[1]
+    per_tile = -(-width // -(-width // max(1, tile // block)))
+    tile = per_tile * block
+    # Table entries past the window read the null block: their keys sit beyond every query's position.
+    table = jnp.pad(view.table, ((0, 0), (0, -view.table.shape[1] % per_tile)))
+    # Gathered here, not per tile inside the loop: a loop that read the pool itself
+    # would make XLA copy the whole pool (the layers' loop carry) on every layer.
+    keys, values = read_blocks(view.k, view.layer, table), read_blocks(view.v, view.layer, table)
+    # Query head i reads kv head i // G, as dot_product_attention groups them; rows (g, t) per kv head.
+    # The 1/sqrt(H) scale is folded into q once instead of into every tile's scores.
+    grouped = q.reshape(b, t, kv_heads, group, h).transpose(2, 0, 3, 1, 4).reshape(kv_heads, b, group * t, h)
+    grouped = (grouped.astype(jnp.float32) * h**-0.5).astype(q.dtype)
+    seen = jnp.tile(jnp.maximum(positions, 0), (1, group))[None, :, :, None]  # [1, B, G*T, 1]
     acc_dtype = jnp.float32
 
-    def body(i: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def tile_step(i: jax.Array, carry: Carry, masked: bool) -> Carry:
         top, total, acc = carry
-        kt, vt = (jax.lax.dynamic_slice_in_dim(x, i * tile, tile, axis=1) for x in (k, v))
-        scores = jnp.einsum("btkgh,bskh->bkgts", grouped, kt, preferred_element_type=acc_dtype) * h**-0.5
-        keys = i * tile + jnp.arange(tile)
-        scores = jnp.where(keys <= seen, scores, -jnp.inf)
+        kt, vt = (jax.lax.dynamic_slice_in_dim(x, i * tile, tile, axis=2) for x in (keys, values))
+        scores = jnp.einsum("kbqh,kbsh->kbqs", grouped, kt, preferred_element_type=acc_dtype)
+        if masked:
+            at = i * tile + jnp.arange(tile)
+            scores = jnp.where(at <= seen, scores, -jnp.inf)
         new_top = jnp.maximum(top, scores.max(-1))
         probs = jnp.exp(scores - new_top[..., None])
         rescale = jnp.exp(top - new_top)
         total = total * rescale + probs.sum(-1)
-        update = jnp.einsum("bkgts,bskh->bkgth", probs.astype(v.dtype), vt, preferred_element_type=acc_dtype)
+        update = jnp.einsum("kbqs,kbsh->kbqh", probs.astype(vt.dtype), vt, preferred_element_type=acc_dtype)
         return new_top, total, acc * rescale[..., None] + update
 
-    stats = grouped.shape[:1] + grouped.shape[2:4] + (t,)  # [B, K, G, T]
+    stats = (kv_heads, b, group * t)
     init = (jnp.full(stats, -jnp.inf, acc_dtype), jnp.zeros(stats, acc_dtype), jnp.zeros((*stats, h), acc_dtype))
-    # Tile 0 always runs (every query sees key 0), so the running max is finite after it.
+    # Tiles wholly at or before every real query's position need no mask (padding
+    # queries may read them: their outputs are discarded and stay finite). Tile 0
+    # always runs, so the running max is finite after it.
+    real = positions >= 0
+    nearest = jnp.min(jnp.where(real, positions, jnp.iinfo(jnp.int32).max))
+    unmasked = jnp.where(jnp.any(real), (nearest + 1) // tile, 0)
     tiles = jnp.max(seen) // tile + 1
-    _, total, acc = jax.lax.fori_loop(0, tiles, body, init)
-    out = (acc / total[..., None]).astype(q.dtype)  # [B, K, G, T, H]
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+    carry = jax.lax.fori_loop(0, unmasked, partial(tile_step, masked=False), init)
+    _, total, acc = jax.lax.fori_loop(unmasked, tiles, partial(tile_step, masked=True), carry)
+    out = (acc / total[..., None]).astype(q.dtype).reshape(kv_heads, b, group, t, h)
+    return out.transpose(1, 3, 0, 2, 4).reshape(b, t, n, h)

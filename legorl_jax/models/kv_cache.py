@@ -1,6 +1,6 @@
 """KV cache for the inference engine: a pool of fixed-size blocks.
 
-k, v are [layers, blocks, block_size, kv_heads, head_dim]. A step gives each
+k, v are [layers, kv_heads, blocks, block_size, head_dim]. A step gives each
 row a block table int32[B, N]: row b's position p lives in block
 table[b, p // block_size] at offset p % block_size. The engine hands blocks
 out (and shares prompt-prefix blocks between rows), so memory follows the
@@ -27,13 +27,18 @@ PAD_POSITION = -1  # a token at this position is padding: not written, not atten
 
 @struct.dataclass
 class KVCache:
-    """k, v: [layers, blocks, block_size, kv_heads, head_dim]."""
+    """k, v: [layers, kv_heads, blocks, block_size, head_dim]; heads before blocks, so
+    the blocks a step reads come out head-major, as attention's products take them."""
 
     k: jax.Array
     v: jax.Array
 
     @property
     def block_size(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def num_blocks(self) -> int:
         return self.k.shape[2]
 
     @property
@@ -52,42 +57,47 @@ def init_kv_cache(config: ModelConfig, batch: int, max_len: int, dtype: jnp.dtyp
     """An all-zero pool of `batch` blocks of `max_len` positions; dtype defaults to the compute dtype."""
     if batch <= 0 or max_len <= 0:
         raise ValueError(f"init_kv_cache: batch and max_len must be positive, got {batch}, {max_len}")
-    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    shape = (config.num_layers, config.num_kv_heads, batch, max_len, config.head_dim)
     dtype = jnp.dtype(dtype or config.compute_dtype)
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
-def read_window(pool: jax.Array, layer: jax.Array, table: jax.Array) -> jax.Array:
-    """One layer's window [B, N * block_size, K, D] of rows laid out by table[B, N]."""
-    blocks = pool[layer][table]  # [B, N, block_size, K, D]
-    b, n, size = blocks.shape[:3]
-    return blocks.reshape(b, n * size, *blocks.shape[3:])
+@struct.dataclass
+class LayerView:
+    """What one layer's attention needs of the pool in a KV-cache step: the
+    whole pool (k, v), which layer it is, and the rows' block tables int32[B, N].
+
+    The layer writes its new entries into the pool and reads its keys from
+    there a tile of blocks at a time, so no step ever copies a row's whole
+    window out of the pool.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    layer: jax.Array
+    table: jax.Array
 
 
-def store_new(
-    pool: jax.Array, layer: jax.Array, table: jax.Array, window: jax.Array, positions: jax.Array
-) -> jax.Array:
-    """Copies the entries a step wrote into its window (at `positions`) back to the pool.
+def store_new(pool: jax.Array, layer: jax.Array, table: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
+    """Writes new[B, T, K, D] into one layer of the pool at `positions` int32[B, T].
 
     Only those T entries per row are scattered, so the pool (a loop carry,
     updated in place) costs the step nothing beyond them. Padding (-1) goes
     past the last block and is dropped: a negative index would wrap around.
     """
-    size = pool.shape[2]
+    size = pool.shape[3]
     at = jnp.maximum(positions, 0)
-    new = jnp.take_along_axis(window, at[:, :, None, None], axis=1)  # [B, T, K, D]
     blocks = jnp.take_along_axis(table, at // size, axis=1)
-    blocks = jnp.where(positions < 0, pool.shape[1], blocks)
-    return pool.at[layer, blocks, at % size].set(new.astype(pool.dtype), mode="drop")
+    blocks = jnp.where(positions < 0, pool.shape[2], blocks)
+    # Indices split by the head slice put their [B, T] dims first: the value is [B, T, K, D].
+    return pool.at[layer, :, blocks, at % size].set(new.astype(pool.dtype), mode="drop")
 
 
-def write_layer(cache: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
-    """Store new[B, T, K, D] at cache[b, positions[b, t]] for one layer's cache[B, S, K, D].
+def read_blocks(pool: jax.Array, layer: jax.Array, table: jax.Array) -> jax.Array:
+    """Keys (or values) of the blocks table[B, n] of one layer: [K, B, n * block_size, D].
 
-    Padding positions (-1) are redirected past the end and dropped, because a
-    negative index would wrap around and overwrite the last slot.
+    Heads lead, so attention's products batch over (head, row) with no transpose.
     """
-    max_len = cache.shape[1]
-    slots = jnp.where(positions < 0, max_len, positions)
-    rows = jnp.arange(cache.shape[0])[:, None]
-    return cache.at[rows, slots].set(new.astype(cache.dtype), mode="drop")
+    blocks = pool[layer][:, table]  # [K, B, n, block_size, D]
+    k, b, n, size, d = blocks.shape
+    return blocks.reshape(k, b, n * size, d)

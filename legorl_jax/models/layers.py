@@ -13,14 +13,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from legorl_jax.models.attention import attend, cached_attention
+from legorl_jax.models.attention import attend, paged_attention
 from legorl_jax.models.config import ModelConfig
-from legorl_jax.models.kv_cache import write_layer
+from legorl_jax.models.kv_cache import LayerView, store_new
 from legorl_jax.models.linear import Linear
 from legorl_jax.models.moe import MoE, RouterStats
 from legorl_jax.models.rope import apply_rope
-
-LayerCache = tuple[jax.Array, jax.Array]  # one layer's k, v: [B, S, kv_heads, head_dim]
 
 
 def rms_norm(config: ModelConfig, rngs: nnx.Rngs, dim: int) -> nnx.RMSNorm:
@@ -49,13 +47,14 @@ class Attention(nnx.Module):
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
         mask: jax.Array | None,
-        cache: LayerCache | None,
+        cache: LayerView | None,
         positions: jax.Array,
         segment_ids: jax.Array | None,
         tree: bool = False,
-    ) -> tuple[jax.Array, LayerCache | None]:
+    ) -> tuple[jax.Array, LayerView | None]:
         """x[B, T, D]; mask bool[B, 1, T, T] (unused with a cache: a query at
-        position p sees the cache's positions 0..p).
+        position p sees the cache's positions 0..p). With a cache the layer
+        returns it with this step's keys and values written.
 
         segment_ids int32[B, T] (training steps) are the packing `mask` was
         built from: a kernel that takes them instead of a mask (splash) reads them.
@@ -70,9 +69,11 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         # The GQA head grouping is handled inside the kernel.
         if cache is not None:
-            k, v = write_layer(cache[0], k, positions), write_layer(cache[1], v, positions)
-            cache = (k, v)
-            out = cached_attention(q, k, v, positions)
+            # Written first: a query reads its own position's key from the pool.
+            k_pool = store_new(cache.k, cache.layer, cache.table, k, positions)
+            v_pool = store_new(cache.v, cache.layer, cache.table, v, positions)
+            cache = LayerView(k=k_pool, v=v_pool, layer=cache.layer, table=cache.table)
+            out = paged_attention(q, cache, positions)
         else:
             assert mask is not None  # a step without a cache always brings its mask
             out = attend(q, k, v, mask, kernel=self.kernel, causal=True, segment_ids=segment_ids, tree=tree)
@@ -106,12 +107,12 @@ class DecoderLayer(nnx.Module):
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
         mask: jax.Array | None,
-        cache: LayerCache | None,
+        cache: LayerView | None,
         positions: jax.Array,
         valid: jax.Array,
         segment_ids: jax.Array | None,
         tree: bool = False,
-    ) -> tuple[jax.Array, LayerCache | None, RouterStats | None]:
+    ) -> tuple[jax.Array, LayerView | None, RouterStats | None]:
         """valid bool[B, T] marks real (non-padding) tokens for router statistics."""
         attn, cache = self.self_attn(self.input_layernorm(x), rope, mask, cache, positions, segment_ids, tree)
         x = x + attn

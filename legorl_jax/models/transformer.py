@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from legorl_jax.models.config import ModelConfig
-from legorl_jax.models.kv_cache import KVCache, read_window, store_new
+from legorl_jax.models.kv_cache import KVCache, LayerView
 from legorl_jax.models.layers import DecoderLayer, causal_segment_mask, rms_norm, segment_positions
 from legorl_jax.models.moe import RouterStats, load_balancing_loss
 from legorl_jax.models.rope import rope_tables
@@ -47,7 +47,7 @@ class CausalLM(nnx.Module):
             param_dtype=config.param_dtype,
             rngs=rngs,
         )
-        self.layers = _stacked_layers(config, rngs)
+        self.layers: DecoderLayer | nnx.List = _stacked_layers(config, rngs)
         self.norm = rms_norm(config, rngs, config.hidden_size)
         # Stored [V, D] like HF's lm_head.weight (and like a tied embedding), so
         # chunked logits never need a transposed copy of the biggest matrix.
@@ -62,6 +62,21 @@ class CausalLM(nnx.Module):
                 rngs=rngs,
             )
         )
+
+    def unstack_layers(self) -> None:
+        """Holds each layer's weights as separate arrays, for serving.
+
+        Training scans one stacked array per weight (one compiled layer, remat
+        per layer); a decode step over stacked weights copies each layer's
+        slice before its matmuls read it, which for a small batch costs more
+        than the matmuls. Unstacked, each step's program runs the layers one
+        after another on weights read in place. Logits are unchanged.
+        """
+        if isinstance(self.layers, nnx.List):
+            return
+        graphdef, params = nnx.split(self.layers)
+        count = self.config.num_layers
+        self.layers = nnx.List([nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], params)) for i in range(count)])
 
     def __call__(
         self, tokens: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None
@@ -134,8 +149,8 @@ class CausalLM(nnx.Module):
         if positions.shape != tokens.shape:
             raise ValueError(f"decode: positions shape {positions.shape} != tokens shape {tokens.shape}")
         if block_table is None:
-            if cache.k.shape[1] != tokens.shape[0]:
-                raise ValueError(f"decode: cache has {cache.k.shape[1]} rows, tokens have {tokens.shape[0]}")
+            if cache.num_blocks != tokens.shape[0]:
+                raise ValueError(f"decode: cache has {cache.num_blocks} rows, tokens have {tokens.shape[0]}")
             block_table = jnp.arange(tokens.shape[0], dtype=jnp.int32)[:, None]
         # No mask: a cache step's attention reads what each query sees from its position.
         x, new_cache, _ = self._run_layers(
@@ -157,30 +172,41 @@ class CausalLM(nnx.Module):
         tree: bool = False,
     ) -> tuple[jax.Array, KVCache | None, RouterStats | None]:
         rope = rope_tables(self.config, positions)
-        graphdef, params = nnx.split(self.layers)
         pools = None if cache is None else (cache[0].k, cache[0].v)
 
-        def body(carry: tuple[jax.Array, Any], xs: tuple[Any, jax.Array]) -> tuple[Any, Any]:
+        def body(carry: tuple[jax.Array, Any], layer: DecoderLayer, index: jax.Array) -> tuple[Any, Any]:
             x, pools = carry
-            layer_params, index = xs
-            layer = nnx.merge(graphdef, layer_params)
             if cache is None:
                 x, _, stats = layer(x, rope, mask, None, positions, valid, segment_ids, tree)
                 return (x, pools), stats
             # The pools ride in the carry, so each layer updates them in place:
-            # a step reads its window of blocks and writes back only its new entries.
-            table = cache[1]
-            window = (read_window(pools[0], index, table), read_window(pools[1], index, table))
-            x, new_window, stats = layer(x, rope, mask, window, positions, valid, segment_ids, tree)
-            assert new_window is not None  # a layer given a window returns it updated
-            pools = tuple(store_new(p, index, table, w, positions) for p, w in zip(pools, new_window, strict=True))
-            return (x, pools), stats
+            # a step writes only its new entries and reads its blocks a tile at a time.
+            view = LayerView(k=pools[0], v=pools[1], layer=index, table=cache[1])
+            x, written, stats = layer(x, rope, mask, view, positions, valid, segment_ids, tree)
+            assert written is not None  # a layer given the pool returns it updated
+            return (x, (written.k, written.v)), stats
 
-        if self.config.remat != "none":
-            body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.config.remat], prevent_cse=False)
         x = self.embed_tokens(tokens)
-        layer_index = jnp.arange(self.config.num_layers)
-        (x, pools), stats = jax.lax.scan(body, (x, pools), (params, layer_index))
+        if isinstance(self.layers, nnx.List):
+            # Unstacked (serving): each layer's weights are their own arrays, so
+            # the matmuls read them in place; slicing a stacked array each step
+            # would copy every weight once per step (XLA on CPU does). No remat:
+            # serving computes no gradients.
+            per_layer = []
+            for index, layer in enumerate(self.layers):
+                (x, pools), layer_stats = body((x, pools), layer, jnp.int32(index))
+                per_layer.append(layer_stats)
+            stats = None if per_layer[0] is None else jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
+        else:
+            graphdef, params = nnx.split(self.layers)
+
+            def scanned(carry: tuple[jax.Array, Any], xs: tuple[Any, jax.Array]) -> tuple[Any, Any]:
+                return body(carry, nnx.merge(graphdef, xs[0]), xs[1])
+
+            if self.config.remat != "none":
+                scanned = jax.checkpoint(scanned, policy=_REMAT_POLICIES[self.config.remat], prevent_cse=False)
+            layer_index = jnp.arange(self.config.num_layers)
+            (x, pools), stats = jax.lax.scan(scanned, (x, pools), (params, layer_index))
         new_cache = None if pools is None else KVCache(k=pools[0], v=pools[1])
         return self.norm(x), new_cache, stats
 

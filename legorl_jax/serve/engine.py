@@ -78,7 +78,7 @@ class Engine:
         # A factory, not a cache: a failed step may have consumed the donated cache.
         self._new_cache = lambda: _committed(new_cache())
         self._cache = self._new_cache()
-        num_blocks, block_size = self._cache.k.shape[1:3]
+        num_blocks, block_size = self._cache.num_blocks, self._cache.block_size
         self._blocks = BlockPool(num_blocks, block_size, prefix_caching)
         self.max_len = max_len
         self.vocab_size = vocab_size
