@@ -77,6 +77,47 @@ def test_sampling_depends_on_seed_and_counter_only() -> None:
     assert len(set(same_seed.tolist())) > 5  # successive tokens of one request use fresh randomness
 
 
+def test_first_argmax_is_argmax_on_ties_infinities_and_nan() -> None:
+    nan, inf = float("nan"), float("inf")
+    rows = [[1.0, 3.0, 3.0, 0.0], [-inf] * 4, [0.0, nan, 5.0, nan], [2.0] * 4, [-inf, 1.0, inf, inf]]
+    random = np.random.default_rng(0).integers(0, 5, size=(50, 64)).astype(np.float32)  # many ties
+    for x in (jnp.array(rows), jnp.asarray(random)):
+        assert jax.jit(sampling.first_argmax)(x).tolist() == jnp.argmax(x, axis=-1).tolist()
+
+
+def _reference_tokens(logits: jax.Array, temperature: np.ndarray, seeds: np.ndarray, counters: np.ndarray) -> list[int]:
+    """Test instrument: the documented draw, row by row. A sampled row takes the
+    argmax of its processed logprobs plus Gumbel noise keyed by fold_in(key(seed),
+    counter); a greedy row the argmax alone."""
+    top_k, top_p = jnp.full(len(temperature), -1, jnp.int32), jnp.ones(len(temperature))
+    logprobs = processed_logprobs(logits, jnp.asarray(temperature), top_k, top_p)
+    tokens = []
+    for row, (t, seed, counter) in enumerate(zip(temperature, seeds, counters, strict=True)):
+        scores = logprobs[row]
+        if t > sampling.GREEDY_EPS:
+            key = jax.random.fold_in(jax.random.key(seed), counter)
+            scores = scores + jax.random.gumbel(key, logits.shape[-1:], jnp.float32)
+        tokens.append(int(jnp.argmax(scores)))
+    return tokens
+
+
+@pytest.mark.parametrize("sampled_rows", [[], [2], [0, 1, 2, 3, 4, 5]])
+def test_only_sampled_rows_draw_noise_and_each_from_its_own_key(sampled_rows: list[int]) -> None:
+    rows, vocab = 6, 4096
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(rows, vocab)).astype(np.float32))
+    temperature = np.zeros(rows, np.float32)
+    temperature[sampled_rows] = 0.8
+    seeds = rng.integers(0, 2**32, size=rows, dtype=np.uint32)
+    counters = rng.integers(0, 1000, size=rows).astype(np.int32)
+    token, logprob, logprobs = sample(
+        logits, temperature, jnp.full(rows, -1, jnp.int32), jnp.ones(rows), seeds, counters
+    )
+    assert token.tolist() == _reference_tokens(logits, temperature, seeds, counters)
+    chosen = np.take_along_axis(np.asarray(logprobs), np.asarray(token)[:, None], axis=-1)[:, 0]
+    np.testing.assert_array_equal(logprob, chosen)
+
+
 def test_greedy_at_zero_temperature_with_untempered_logprob() -> None:
     token, logprob, _ = sample(
         LOGITS,
