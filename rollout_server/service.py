@@ -40,6 +40,7 @@ from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient, EngineError
 from rollout_server.harnesses import get_harness, harness_names
 from rollout_server.harnesses.base import HarnessConfigError, HarnessOptions
+from rollout_server.served_tensors import ServedTensors
 from rollout_server.tasks import Task, TaskError, confined_task_dir, load_task
 from rollout_server.trial import TrialHost, TrialSpec, run_trial, sampling_config
 from rollout_server.weight_relay import WeightRelay
@@ -224,6 +225,8 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         self.relay_security = relay_security
         # The published directory the engine serves now: the base a delta must match. None until one is loaded.
         self.served_weights: Path | None = None
+        # Its tensors in host memory, so a delta patches them without reading the directory back.
+        self.served_tensors = ServedTensors()
         self.engine = engine
         self.tasks = tasks
         self.limits = limits
@@ -375,7 +378,11 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         async with self._weights_lock:
             try:
                 directory = await asyncio.to_thread(
-                    resolve_location, request.location, self.weights_root, current=self.served_weights
+                    resolve_location,
+                    request.location,
+                    self.weights_root,
+                    current=self.served_weights,
+                    memory=self.served_tensors,
                 )
             except WeightTransferError as exc:
                 raise _invalid(str(exc)) from None
@@ -390,7 +397,11 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
             relay = WeightRelay(_relay_checked(request_iterator), self.relay_security, idle_timeout_s=idle_s)
             try:
                 version, directory = await receive_stream(
-                    relay.messages(), self.weights_root, idle_timeout_s=idle_s, base=self.served_weights
+                    relay.messages(),
+                    self.weights_root,
+                    idle_timeout_s=idle_s,
+                    base=self.served_weights,
+                    memory=self.served_tensors,
                 )
             except WeightStreamStalled as exc:
                 await relay.finish(upstream_broken=True)
@@ -422,6 +433,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         except EngineError as exc:
             # What the engine holds now is unknown: no delta may build on it.
             self.served_weights = None
+            self.served_tensors.clear()
             raise Refused(grpc.StatusCode.INTERNAL, f"engine reload of {directory} failed: {exc}") from None
         self.host.policy_version = version
         self.served_weights = directory

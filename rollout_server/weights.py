@@ -22,6 +22,15 @@ nearest full one (a host that missed versions catches up from the last full
 checkpoint plus deltas). Received or rebuilt weights whose digest differs
 from the manifest's are never installed.
 
+Given a `ServedTensors` (`memory`), the host keeps the served version's
+tensors in memory: a streamed full version's stay after they are written, a
+delta patches them in place instead of reading the served directory back,
+and only the tensors it changed are rehashed (the others keep their checked
+sums). The order stays: patch, write the new directory while hashing, check
+the digest, rename it into place, and only then may the engine reload it
+and the host report it; the engine reloads from that directory, so the write
+stays on the path to serving.
+
 Both build the directory under a hidden temporary name and rename it into place
 only when it is complete, so the engine never sees a half-written version and a
 failed transfer leaves nothing behind. Older versions are pruned to `keep`.
@@ -47,7 +56,7 @@ import tensorstore as ts
 from safetensors.numpy import save_file
 
 from legorl_jax.core import safetensors_io
-from legorl_jax.core.weight_delta import BaseMismatch, DeltaError, combine_sums, patch, tensor_sum, weights_digest
+from legorl_jax.core.weight_delta import BaseMismatch, DeltaError, combine_sums, patch, tensor_sum, tensor_sums
 from legorl_jax.core.weight_layout import (
     DELTA_FILE,
     INDEX_FILE,
@@ -63,6 +72,7 @@ from legorl_jax.core.weight_layout import (
     weight_files,
 )
 from protos.legorl.v1 import rollout_pb2 as pb
+from rollout_server.served_tensors import Held, ServedTensors
 
 DEFAULT_KEEP = 2
 # Kvstore schemes a location may name; tensorstore would also open http(s)://, which lists nothing and
@@ -87,21 +97,29 @@ def _hasher() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-digest")
 
 
-def install_delta(base: Path, blob: bytes, dest_root: Path, keep: int = DEFAULT_KEEP) -> tuple[int, Path]:
+def install_delta(
+    base: Path, blob: bytes, dest_root: Path, keep: int = DEFAULT_KEEP, memory: ServedTensors | None = None
+) -> tuple[int, Path]:
     """Patches the weights of `base` with a delta blob into a new directory under
-    `dest_root`, installed only once its digest matches; returns (version, directory)."""
+    `dest_root`, installed only once its digest matches; returns (version, directory).
+    With `memory` holding `base`'s tensors they are patched instead of read from
+    disk, and the new version's are held there once it is installed."""
     manifest = read_manifest(base)
     if manifest is None:
         raise WeightBaseMismatch(f"{base} has no {MANIFEST_FILE}; a delta applies only to published weights")
-    tensors = read_tensors(base)
+    held = None if memory is None else memory.take(base, manifest.digest)
+    tensors = read_tensors(base) if held is None else held.tensors
     try:
         header = patch(tensors, blob, manifest.digest)
-    except BaseMismatch as exc:
-        raise WeightBaseMismatch(str(exc)) from None
-    except DeltaError as exc:
-        raise WeightTransferError(str(exc)) from None
-    # Hashed while the files are written: a mismatch discards them before anything is installed.
-    digest = _hasher().submit(weights_digest, tensors)
+    except (BaseMismatch, DeltaError) as exc:
+        if held is not None and memory is not None:  # a refused delta wrote nothing: still the base's tensors
+            memory.hold(held)
+        kind = WeightBaseMismatch if isinstance(exc, BaseMismatch) else WeightTransferError
+        raise kind(str(exc)) from None
+    # Tensors the delta left alone keep their sums; only the rest are rehashed,
+    # while the files are written. A mismatch discards them before anything is installed.
+    changed = None if held is None else [t["name"] for t in header.tensors if t["changed"]]
+    sums = _hasher().submit(tensor_sums, tensors, changed)
     with _staged(dest_root, version_dir_name(header.version)) as tmp:
         by_file: dict[str, list[str]] = {}
         for name, file in weight_files(base).items():
@@ -112,10 +130,13 @@ def install_delta(base: Path, blob: bytes, dest_root: Path, keep: int = DEFAULT_
             if side.is_file() and not side.name.endswith(".safetensors") and side.name != MANIFEST_FILE:
                 shutil.copyfile(side, tmp / side.name)
         (tmp / MANIFEST_FILE).write_bytes(Manifest(header.version, header.digest).to_bytes())
-        if digest.result() != header.digest:
+        new_sums = {**({} if held is None else held.sums), **sums.result()}
+        if combine_sums(new_sums) != header.digest:
             raise WeightTransferError(f"weights after the delta to version {header.version} do not match its digest")
         final = dest_root / version_dir_name(header.version)
         install_directory(tmp, final)
+    if memory is not None:
+        memory.hold(Held(final, header.digest, tensors, new_sums))
     prune_versions(dest_root, keep, final)
     return header.version, final
 
@@ -176,10 +197,14 @@ class _Tensor:
 
 class _Assembly:
     """Validates a weight stream and writes each safetensors file as soon as all
-    of its tensors are in, so memory holds about one file, not the model."""
+    of its tensors are in, so memory holds about one file, not the model
+    (unless `keep_arrays`: then the whole model stays, to be held as served)."""
 
-    def __init__(self, header: pb.WeightHeader, tmp: Path) -> None:
+    def __init__(self, header: pb.WeightHeader, tmp: Path, keep_arrays: bool = False) -> None:
         self.version = header.version
+        # Kept after writing (the whole model in memory) only for a receiver that holds the served tensors.
+        self.keep_arrays = keep_arrays
+        self.arrays: dict[str, np.ndarray] = {}
         self.tmp = tmp
         self.files = {_plain_name(n, "header file"): bytes(v) for n, v in header.files.items()}
         if any(name.endswith(".safetensors") for name in self.files):
@@ -261,6 +286,8 @@ class _Assembly:
         for n in names:
             if self.manifest is not None:
                 self.sums[n] = tensor_sum(n, self.tensors[n].array)
+            if self.keep_arrays:
+                self.arrays[n] = self.tensors[n].array
             del self.tensors[n]
 
     def finish(self) -> None:
@@ -282,13 +309,15 @@ async def receive_stream(
     keep: int = DEFAULT_KEEP,
     idle_timeout_s: float | None = None,
     base: Path | None = None,
+    memory: ServedTensors | None = None,
 ) -> tuple[int, Path]:
     """Assembles a `StreamWeights` stream into `dest_root/v{version:08d}`;
     returns (version, directory). A delta stream patches `base`, the weights
     served now. Raises WeightTransferError on a malformed stream (its subclass
     WeightBaseMismatch when `base` is not the delta's base),
     WeightStreamStalled when no message comes for `idle_timeout_s`; either way
-    nothing is left under dest_root."""
+    nothing is left under dest_root. With `memory`, the installed version's
+    tensors are held there (`ServedTensors`), and a delta patches the held ones."""
     dest_root = Path(dest_root)
     dest_root.mkdir(parents=True, exist_ok=True)
     stream: AsyncIterator[pb.WeightChunk] = aiter(chunks)
@@ -304,9 +333,11 @@ async def receive_stream(
         raise WeightTransferError("a weight stream must start with a header message")
     if first.header.delta:
         blob = await _receive_delta(first.header, next_message, base)
-        return await asyncio.to_thread(install_delta, base, blob, dest_root, keep)  # type: ignore[arg-type]
+        return await asyncio.to_thread(install_delta, base, blob, dest_root, keep, memory)  # type: ignore[arg-type]
+    if memory is not None:
+        memory.clear()  # a full version replaces it: no two models in memory while this one arrives
     with _staged(dest_root, version_dir_name(first.header.version)) as tmp:
-        assembly = _Assembly(first.header, tmp)
+        assembly = _Assembly(first.header, tmp, keep_arrays=memory is not None)
         while (message := await next_message()) is not None:
             if message.WhichOneof("payload") != "tensor":
                 raise WeightTransferError("only the first message of a weight stream may be a header")
@@ -316,6 +347,8 @@ async def receive_stream(
         assembly.finish()
         final = dest_root / version_dir_name(assembly.version)
         install_directory(tmp, final)
+    if memory is not None and assembly.manifest is not None:  # checked against its digest in finish()
+        memory.hold(Held(final, assembly.manifest.digest, assembly.arrays, assembly.sums))
     prune_versions(dest_root, keep, final)
     return assembly.version, final
 
@@ -358,6 +391,7 @@ def resolve_location(
     keep: int = DEFAULT_KEEP,
     context: ts.Context | None = None,
     current: Path | None = None,
+    memory: ServedTensors | None = None,
 ) -> Path:
     """The local HF directory for an `UpdateWeights` location. Blocking.
 
@@ -365,7 +399,7 @@ def resolve_location(
     that is its base; otherwise the base is rebuilt first from its sibling
     `v{base:08d}` under the same parent, down to the nearest full version.
     `context` is a `tensorstore.Context` for remote schemes (tests share one
-    with the writer to reach a `memory://` store)."""
+    with the writer to reach a `memory://` store). `memory` is as for `receive_stream`."""
     if not uri:
         raise WeightTransferError("weights location is empty")
     local = uri.startswith("file://") or "://" not in uri
@@ -387,8 +421,10 @@ def resolve_location(
         and current is not None
         and _serves(current, base_version, manifest.base_digest)
     ):
-        return _apply(uri, current, cache_root, keep, context)
+        return _apply(uri, current, cache_root, keep, context, memory)
     if _read(uri, "config.json", context) is not None:  # a full checkpoint (perhaps beside a delta)
+        if memory is not None:
+            memory.clear()  # read from its files by the first delta on it; the old version's go now
         return _download(uri, Path(cache_root), keep, context) if not local else Path(uri.removeprefix("file://"))
     if manifest is None or base_version is None:
         raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
@@ -396,8 +432,8 @@ def resolve_location(
         raise WeightTransferError(f"{uri}: delta to version {manifest.version} on base {manifest.base_version}")
     # The base is rebuilt the same way, from its own base, down to the last full checkpoint.
     sibling = f"{uri.rstrip('/').rsplit('/', 1)[0]}/{version_dir_name(base_version)}"
-    base = resolve_location(sibling, cache_root, keep=keep, context=context, current=current)
-    return _apply(uri, base, cache_root, keep, context)
+    base = resolve_location(sibling, cache_root, keep=keep, context=context, current=current, memory=memory)
+    return _apply(uri, base, cache_root, keep, context, memory)
 
 
 def _serves(current: Path, version: int, digest: str | None) -> bool:
@@ -405,12 +441,14 @@ def _serves(current: Path, version: int, digest: str | None) -> bool:
     return served is not None and (served.version, served.digest) == (version, digest)
 
 
-def _apply(uri: str, base: Path, cache_root: Path, keep: int, context: ts.Context | None) -> Path:
+def _apply(
+    uri: str, base: Path, cache_root: Path, keep: int, context: ts.Context | None, memory: ServedTensors | None
+) -> Path:
     """The delta version at `uri` built on `base`, installed under `cache_root`."""
     blob = _read(uri, DELTA_FILE, context)
     if blob is None:
         raise WeightTransferError(f"{uri}: its {MANIFEST_FILE} names a delta, but there is no {DELTA_FILE}")
-    return install_delta(base, blob, Path(cache_root), keep)[1]
+    return install_delta(base, blob, Path(cache_root), keep, memory)[1]
 
 
 def _read(uri: str, name: str, context: ts.Context | None) -> bytes | None:

@@ -15,6 +15,12 @@ scripts/bench_train.py. Bytes: what the learner's link sends per step (once
 with a relay chain; N times with direct streams, run as a reference at the
 largest N) and the changed fraction of elements per delta step.
 
+Then the host's delta install alone, in this process: `install_delta` of one
+delta version read back from the served directory (as before the served
+tensors were kept in memory) against patching the tensors held in memory
+(`ServedTensors`), alternated, medians; the engine stand-in's reload
+(reading the new directory) and the result's digest for scale.
+
 All N hosts share this machine's cores with the learner, so per-host CPU
 work (patching, hashing, writing, reloading) adds up with N here, where a
 real fleet gives every host its own.
@@ -28,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import math
 import shutil
 import statistics
 import subprocess
@@ -42,10 +49,14 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from legorl_jax.core.weight_delta import read_header, tensor_sums
+from legorl_jax.core.weight_layout import DELTA_FILE, read_manifest, read_tensors
 from legorl_jax.models import CausalLM
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.train.publish import DirectoryPublisher
 from legorl_jax.train.weight_stream import WeightStreamer
+from rollout_server.served_tensors import Held, ServedTensors
+from rollout_server.weights import install_delta
 
 SIZES = {
     # name: (hidden, layers, heads, kv heads, intermediate); vocab 32768, head_dim 64, untied embeddings.
@@ -168,12 +179,50 @@ async def run(size: str, hosts: list[str], relay: bool, args: argparse.Namespace
     }
 
 
+def host_install(size: str, scratch: Path, repeats: int) -> dict[str, float]:
+    """Median seconds of one delta install on a host: base read from disk, base
+    held in memory (alternated, so both see the same load), a reload of the
+    result and its SHA-256 digest alone; and the share of the elements in
+    tensors the delta changed (what the host rehashes)."""
+    root = scratch / f"ab-{size}"
+    publisher = DirectoryPublisher(root, keep=2, dtype="bfloat16", full_every=8)
+    for version, (model, _) in enumerate(learner_steps(size, 1)):
+        publisher.publish(model, version)
+    base, blob = root / "v00000000", (root / "v00000001" / DELTA_FILE).read_bytes()
+    manifest = read_manifest(base)
+    assert manifest is not None
+    header = read_header(blob)
+    changed_bytes = sum(math.prod(t["shape"]) for t in header.tensors if t["changed"])
+    times: dict[str, list[float]] = {"disk": [], "memory": [], "reload": [], "digest": []}
+    for i in range(repeats):
+        for mode in ("disk", "memory") if i % 2 == 0 else ("memory", "disk"):
+            memory = ServedTensors()
+            if mode == "memory":  # what the previous install left held (untimed)
+                tensors = read_tensors(base)
+                memory.hold(Held(base, manifest.digest, tensors, tensor_sums(tensors)))
+            started = time.monotonic()
+            _, final = install_delta(
+                base, blob, scratch / f"ab-host-{mode}", memory=memory if mode == "memory" else None
+            )
+            times[mode].append(time.monotonic() - started)
+            started = time.monotonic()
+            result = read_tensors(final)
+            times["reload"].append(time.monotonic() - started)
+            started = time.monotonic()
+            tensor_sums(result)
+            times["digest"].append(time.monotonic() - started)
+            shutil.rmtree(scratch / f"ab-host-{mode}")
+    shutil.rmtree(root, ignore_errors=True)
+    return {**{k: statistics.median(v) for k, v in times.items()}, "rehashed": changed_bytes / header.total}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100m,400m")
     parser.add_argument("--hosts", default="1,2,4,8", help="fleet sizes N")
     parser.add_argument("--steps", type=int, default=3, help="learner steps (delta versions) per fleet size")
     parser.add_argument("--full-every", type=int, default=8)
+    parser.add_argument("--install-repeats", type=int, default=6, help="host delta installs per mode (0: none)")
     args = parser.parse_args()
     counts = [int(n) for n in args.hosts.split(",")]
     jax.config.update("jax_default_matmul_precision", "float32")
@@ -200,6 +249,13 @@ def main() -> int:
                 )  # fmt: skip
             print(f"raw copy of the full bf16 checkpoint: {r['copy_s']:.3f} s ({r['bytes'] / 1e6:.0f} MB); "
                   f"full publish {r['publish_s']:.3f} s, delta publish {r['delta_publish_s']:.3f} s")  # fmt: skip
+            if args.install_repeats:
+                h = host_install(size, scratch, args.install_repeats)
+                print(f"host delta install: base read from disk {h['disk']:.3f} s, base held in memory "
+                      f"{h['memory']:.3f} s ({h['memory'] / h['disk']:.2f}x); reload of the result "
+                      f"{h['reload']:.3f} s, its digest {h['digest']:.3f} s (medians of {args.install_repeats}); "
+                      f"tensors the delta changed hold {100 * h['rehashed']:.1f}% of the elements",
+                      flush=True)  # fmt: skip
     return 0
 
 

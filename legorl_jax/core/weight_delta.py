@@ -22,7 +22,7 @@ import hashlib
 import json
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -82,10 +82,15 @@ def combine_sums(sums: Mapping[str, bytes]) -> str:
     return hashlib.sha256(b"".join(sums[name] for name in sorted(sums))).hexdigest()
 
 
+def tensor_sums(tensors: Mapping[str, np.ndarray], names: Iterable[str] | None = None) -> dict[str, bytes]:
+    """`tensor_sum` of the named tensors (all by default), hashed in parallel."""
+    names = list(tensors if names is None else names)
+    return dict(zip(names, _pool().map(lambda n: tensor_sum(n, tensors[n]), names), strict=True))
+
+
 def weights_digest(tensors: Mapping[str, np.ndarray]) -> str:
     """A hex digest of every tensor's name, dtype, shape and bytes."""
-    names = list(tensors)
-    return combine_sums(dict(zip(names, _pool().map(lambda n: tensor_sum(n, tensors[n]), names), strict=True)))
+    return combine_sums(tensor_sums(tensors))
 
 
 def _encode_tensor(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
