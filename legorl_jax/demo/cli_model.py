@@ -36,8 +36,10 @@ CLI_DEMO_SPEC = DemoModelSpec(
     max_tokens=256,
     # The CLIs' prompts hardly depend on the task: one task's episodes teach the tokenizer their text.
     tokenizer_tasks=1,
-    # One long row per step: a batch of them does not fit the memory of a small CPU machine.
-    sft=SFTConfig(batch_size=1, eval_groups=8),
+    # A step takes 8 demonstrations of one CLI: their shared system prompt (99% of an OpenCode or Codex
+    # episode) is laid out once, with their own tokens after it, in a row of up to 12,288 tokens; one row
+    # per call bounds memory on a small CPU machine (docs/benchmarks.md, "SFT packing").
+    sft=SFTConfig(batch_size=8, eval_groups=8, batch_by_config=True, row_tokens=12288, micro_batch_tokens=12288),
 )
 
 

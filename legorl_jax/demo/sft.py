@@ -1,7 +1,11 @@
 """Supervised warm start: cross-entropy on the assistant tokens of demonstrations.
 
-Small on purpose: one demonstration sequence per batch row, padded to one
-static length (a single compilation), AdamW from optax, a jitted nnx step.
+Small on purpose: AdamW from optax over jitted nnx micro-steps. A step's
+demonstrations are packed by the learner's packer (`legorl_jax.rl.batching`):
+rows padded only to their length bucket, and, with `share_prefixes`,
+demonstrations that start alike (one CLI's long system prompt) laid out as a
+trie so the shared prefix is computed once per row. Only prompt tokens are
+shared and padding is masked, so the loss is exactly the padded one's.
 Training stops as soon as the policy would reproduce a demonstration with the
 target probability when sampling at temperature 1 (`pass_estimate`),
 so the warm-started model is able but unreliable: it passes sometimes, and RL
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import jax
@@ -24,8 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from legorl_jax.demo.demonstrations import Demonstration
 from legorl_jax.models import CausalLM, token_logprobs
+from legorl_jax.rl.batching import MicroBatch, PackedStep, TrainSequence, pack_step
 
 _LENGTH_QUANTUM = 128
+# Bucket lengths: 512, 768, 1024, 1536, ... (a row padded by a third at most). Below 512 a
+# bucket saves less than its extra compilation costs.
+_BUCKET_BASES = (512, 768)
 _EVAL_ROWS = 4  # rows per evaluation call; the accuracy pass holds their full logits
 
 
@@ -50,21 +58,58 @@ class SFTConfig(BaseModel):
     target_pass: float = Field(
         0.25, gt=0, le=1, description="Stop once the estimated temperature-1 episode pass rate reaches this."
     )
+    share_prefixes: bool = Field(
+        True,
+        description="Lay out a step's demonstrations that share a prompt prefix as a trie, the prefix computed "
+        "once per row (exact: the loss is the unshared one).",
+    )
+    batch_by_config: bool = Field(
+        False,
+        description="Draw each step's rows from one harness configuration, so that with share_prefixes their "
+        "common system prompt is computed once; otherwise rows of every configuration mix.",
+    )
+    row_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Longest row a step packs into (its largest bucket): room for a shared prompt and several "
+        "demonstrations' own tokens. None: the longest demonstration, padded to a multiple of 128.",
+    )
+    micro_batch_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Token slots (rows x bucket) per forward/backward call; a step runs as many calls as its "
+        "rows need and sums their gradients. None: batch_size rows of the largest bucket.",
+    )
     seed: int = 0
 
 
 @dataclass(frozen=True)
 class SFTData:
-    """Demonstration sequences as padded rows: tokens int32[N, T], loss mask float32[N, T]."""
+    """Demonstration sequences as rows padded to the longest: tokens int32[N, T], loss mask float32[N, T].
+
+    Training and evaluation cut each row back to `lengths` and pad it only to its bucket (`sft_buckets`).
+    """
 
     tokens: np.ndarray
     mask: np.ndarray
     episode: np.ndarray  # int32[N]: which demonstration (episode) a row belongs to
     groups: tuple[tuple[int, ...], ...]  # passing episodes of the same (task, configuration)
+    lengths: np.ndarray  # int32[N]: real tokens of each row
+    config: np.ndarray  # int32[N]: the row's harness configuration, numbered in order of appearance
+
+
+def sft_buckets(width: int, row_tokens: int | None = None) -> list[int]:
+    """Row lengths rows are padded to: 512, 768, 1024, 1536, ... below `row_tokens`, then the
+    padded `width` of the longest demonstration and `row_tokens` (default: the width)."""
+    top = width if row_tokens is None else row_tokens
+    if top < width:
+        raise ValueError(f"sft.row_tokens={top} is shorter than the longest demonstration ({width} tokens padded)")
+    ladder = {base << k for base in _BUCKET_BASES for k in range(top.bit_length())}
+    return sorted({b for b in ladder if b < top} | {width, top})
 
 
 def prepare(demos: Sequence[Demonstration], pad_id: int, *, max_len: int | None = None) -> SFTData:
-    """Rows for every captured sequence, padded to a multiple of 128 (one jit shape)."""
+    """Rows for every captured sequence, padded to a multiple of 128."""
     rows = [(i, ids, mask) for i, demo in enumerate(demos) for ids, mask in demo.sequences]
     if not rows:
         raise ValueError("no demonstration sequences to train on")
@@ -82,25 +127,96 @@ def prepare(demos: Sequence[Demonstration], pad_id: int, *, max_len: int | None 
         if demo.reward == 1.0:  # the pass estimate counts only episodes that pass
             by_group[demo.group].append(i)
     episode = np.array([i for i, _, _ in rows], np.int32)
-    return SFTData(tokens, masks, episode, tuple(tuple(g) for g in by_group.values()))
+    lengths = np.array([len(ids) for _, ids, _ in rows], np.int32)
+    config_number: dict[str, int] = {}
+    config = np.array([config_number.setdefault(demos[i].config_id, len(config_number)) for i, _, _ in rows], np.int32)
+    return SFTData(tokens, masks, episode, tuple(tuple(g) for g in by_group.values()), lengths, config)
+
+
+def pack_rows(
+    data: SFTData,
+    rows: Sequence[int],
+    *,
+    buckets: Sequence[int],
+    micro_batch_tokens: int,
+    share_prefixes: bool,
+    max_segments: int = 16,
+) -> PackedStep:
+    """The learner's packing of `rows` as one step (token-mean loss), cut to their real lengths.
+
+    `buckets=[width]` with `max_segments=1` and no sharing is the padded layout:
+    one demonstration per row, every row as long as the longest.
+    """
+    seqs = [
+        TrainSequence(
+            data.tokens[r, : data.lengths[r]],
+            data.mask[r, : data.lengths[r]] > 0,
+            np.zeros(data.lengths[r], np.float32),  # the packer wants behaviour logprobs; SFT has none
+            advantage=1.0,
+        )
+        for r in rows
+    ]
+    return pack_step(
+        seqs,
+        buckets=list(buckets),
+        micro_batch_tokens=micro_batch_tokens,
+        aggregation="token_mean",
+        max_segments=max_segments,
+        share_prefixes=share_prefixes,
+    )
+
+
+def _batch(mb: MicroBatch) -> dict[str, jax.Array]:
+    """Model inputs and loss weights; the tree arrays only for tree rows (a trace of their own)."""
+    keys = ["tokens", "positions", "segment_ids", "loss_weight"] + (["kv_end", "pred_from"] if mb.tree else [])
+    return {k: jnp.asarray(getattr(mb, k)) for k in keys}
+
+
+def _micro_loss(model: CausalLM, batch: dict[str, jax.Array], normaliser: jax.Array) -> jax.Array:
+    """This micro-batch's share of the step's mean NLL over assistant tokens."""
+    logp = token_logprobs(
+        model,
+        batch["tokens"],
+        positions=batch["positions"],
+        segment_ids=batch["segment_ids"],
+        kv_end=batch.get("kv_end"),
+        pred_from=batch.get("pred_from"),
+    )
+    return -(logp * batch["loss_weight"]).sum() / normaliser
+
+
+@nnx.jit
+def _micro_grads(model: CausalLM, batch: dict[str, jax.Array], normaliser: jax.Array) -> tuple[jax.Array, nnx.State]:
+    return nnx.value_and_grad(_micro_loss)(model, batch, normaliser)
+
+
+@nnx.jit
+def _apply(optimizer: nnx.Optimizer, model: CausalLM, grads: nnx.State) -> None:
+    optimizer.update(model, grads)
+
+
+def packed_loss_and_grads(model: CausalLM, packed: PackedStep) -> tuple[float, nnx.State]:
+    """The step's mean NLL over assistant tokens and its gradient, summed over micro-batches."""
+    normaliser = jnp.float32(packed.normaliser)
+    parts, grads = [], None
+    for mb in packed.micro_batches:
+        part, g = _micro_grads(model, _batch(mb), normaliser)
+        parts.append(part)  # read back once at the end, so calls queue without waiting
+        grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+    assert grads is not None  # pack_step never returns an empty step
+    return float(sum(parts)), grads
+
+
+def sft_update(model: CausalLM, optimizer: nnx.Optimizer, packed: PackedStep) -> float:
+    """One optimizer step on a packed step; returns its loss (before the update)."""
+    loss, grads = packed_loss_and_grads(model, packed)
+    _apply(optimizer, model, grads)
+    return loss
 
 
 def _masked_logprobs(model: CausalLM, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """log p of every next token, and the mask shifted onto the predicted positions."""
     return token_logprobs(model, tokens), mask[:, 1:]
-
-
-def sft_loss(model: CausalLM, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean negative log-likelihood of the masked (assistant) tokens."""
-    logp, target_mask = _masked_logprobs(model, tokens, mask)
-    return -(logp * target_mask).sum() / jnp.maximum(target_mask.sum(), 1.0)
-
-
-@nnx.jit
-def _train_step(model: CausalLM, optimizer: nnx.Optimizer, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-    loss, grads = nnx.value_and_grad(sft_loss)(model, tokens, mask)
-    optimizer.update(model, grads)
-    return loss
 
 
 @nnx.jit
@@ -118,11 +234,15 @@ def _row_hits(model: CausalLM, tokens: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def _per_row(fn: Callable[..., jax.Array], model: CausalLM, data: SFTData) -> np.ndarray:
-    out = []
-    for start in range(0, len(data.tokens), _EVAL_ROWS):
-        rows = slice(start, start + _EVAL_ROWS)
-        out.append(np.asarray(fn(model, jnp.asarray(data.tokens[rows]), jnp.asarray(data.mask[rows]))))
-    return np.concatenate(out).astype(np.float64)
+    """`fn` of every row, a few rows at a time, rows of like length together and padded to their bucket."""
+    order = np.argsort(data.lengths, kind="stable")
+    out = np.zeros(len(order), np.float64)
+    for start in range(0, len(order), _EVAL_ROWS):
+        rows = order[start : start + _EVAL_ROWS]
+        width = next(b for b in sft_buckets(data.tokens.shape[1]) if b >= data.lengths[rows].max())
+        tokens, mask = jnp.asarray(data.tokens[rows, :width]), jnp.asarray(data.mask[rows, :width])
+        out[rows] = np.asarray(fn(model, tokens, mask))
+    return out
 
 
 def pass_estimate(model: CausalLM, data: SFTData, row_logp: np.ndarray | None = None) -> float:
@@ -151,6 +271,8 @@ def sample_groups(data: SFTData, count: int, seed: int) -> SFTData:
         data.mask[rows],
         np.array([renumber[e] for e in data.episode[rows]], np.int32),
         tuple(tuple(renumber[e] for e in group) for group in groups),
+        data.lengths[rows],
+        data.config[rows],
     )
 
 
@@ -197,6 +319,32 @@ class SFTResult:
     reached_target: bool = False
 
 
+def _step_rows(data: SFTData, config: SFTConfig) -> Iterator[list[int]]:
+    """Every step's rows, endlessly: rows with an assistant token (one without adds nothing to
+    the loss) drawn without replacement within an epoch, seeded. With `batch_by_config` a step
+    takes rows of one configuration only, the last of each configuration's epoch fewer."""
+    trainable = np.flatnonzero(data.mask.any(axis=1))
+    if not len(trainable):
+        raise ValueError("no demonstration sequence has an assistant token to train on")
+    rng = np.random.default_rng(config.seed)
+    size = config.batch_size
+    if not config.batch_by_config:
+        order: list[int] = []
+        while True:
+            picked: list[int] = []
+            while len(picked) < size:
+                if not order:
+                    order = list(trainable[rng.permutation(len(trainable))])
+                picked.append(order.pop())
+            yield picked
+    while True:
+        batches = []
+        for c in np.unique(data.config[trainable]):
+            rows = rng.permutation(trainable[data.config[trainable] == c])
+            batches += [rows[i : i + size].tolist() for i in range(0, len(rows), size)]
+        yield from (batches[b] for b in rng.permutation(len(batches)))
+
+
 def train_sft(
     model: CausalLM,
     data: SFTData,
@@ -206,21 +354,21 @@ def train_sft(
 ) -> SFTResult:
     """Train `model` in place until the pass estimate reaches the target or `max_steps` pass.
 
-    Rows are drawn without replacement within an epoch, seeded. `on_step` sees
-    (step, training loss, the pass estimate when one was computed this step).
+    Each step's rows come from `_step_rows`. `on_step` sees (step, training
+    loss, the pass estimate when one was computed this step).
     """
+    buckets = sft_buckets(data.tokens.shape[1], config.row_tokens)
+    budget = config.micro_batch_tokens or config.batch_size * buckets[-1]
+    if budget < buckets[-1]:
+        raise ValueError(f"sft.micro_batch_tokens={budget} holds no row of the largest bucket ({buckets[-1]} tokens)")
     optimizer = make_optimizer(model, config)
-    rng = np.random.default_rng(config.seed)
     probe = sample_groups(data, config.eval_groups, config.seed)
     result = SFTResult(steps=0)
-    order: list[int] = []
-    for step in range(1, config.max_steps + 1):
-        picked: list[int] = []
-        while len(picked) < config.batch_size:
-            if not order:
-                order = list(rng.permutation(len(data.tokens)))
-            picked.append(order.pop())
-        loss = float(_train_step(model, optimizer, jnp.asarray(data.tokens[picked]), jnp.asarray(data.mask[picked])))
+    for step, picked in zip(range(1, config.max_steps + 1), _step_rows(data, config), strict=False):
+        packed = pack_rows(
+            data, picked, buckets=buckets, micro_batch_tokens=budget, share_prefixes=config.share_prefixes
+        )
+        loss = sft_update(model, optimizer, packed)
         if not math.isfinite(loss):
             raise FloatingPointError(f"SFT loss became {loss} at step {step}; lower the learning rate")
         result.losses.append(loss)

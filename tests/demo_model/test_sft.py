@@ -1,10 +1,12 @@
-"""The supervised warm start on a tiny model: masking, loss going down, the stopping rule."""
+"""The supervised warm start on a tiny model: masking, exact bucketed and prefix-shared packing,
+loss going down, the stopping rule."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,13 +15,17 @@ from flax import nnx
 from legorl_jax.demo.demonstrations import Demonstration
 from legorl_jax.demo.sft import (
     SFTConfig,
+    SFTData,
     evaluate,
+    pack_rows,
+    packed_loss_and_grads,
     pass_estimate,
     prepare,
     sample_groups,
-    sft_loss,
+    sft_buckets,
     train_sft,
 )
+from legorl_jax.demo.sft import _step_rows as step_rows
 from legorl_jax.models import from_hf, token_logprobs
 from legorl_jax.models.demo_assets import build_tiny_hf_model
 
@@ -61,22 +67,92 @@ def short_demos() -> list[Demonstration]:
 def test_prepare_pads_rows_and_groups_plans() -> None:
     data = prepare(short_demos(), pad_id=0)
     assert data.tokens.shape == (4, 128) and data.mask.shape == (4, 128)
+    assert data.lengths.tolist() == [7, 5, 3, 7]
     assert data.mask.sum() == 4 + 2 + 1 + 3
     assert data.episode.tolist() == [0, 1, 1, 2]
     assert data.groups == ((0, 1), (2,))
+    assert data.config.tolist() == [0, 0, 0, 0]
     with pytest.raises(ValueError, match="more than max_len=5"):
         prepare(short_demos(), pad_id=0, max_len=5)
     with pytest.raises(ValueError, match="no demonstration sequences"):
         prepare([], pad_id=0)
 
 
+def padded_loss(model: Any, data: SFTData, rows: list[int]) -> Any:
+    """The reference: every row padded to the longest, mean NLL over the assistant tokens."""
+    tokens, mask = jnp.asarray(data.tokens[rows]), jnp.asarray(data.mask[rows, 1:])
+    return -(token_logprobs(model, tokens) * mask).sum() / mask.sum()
+
+
+def assert_matches_padded(model: Any, data: SFTData, rows: list[int], **packing: Any) -> None:
+    """Loss and every gradient of the packed step equal the padded reference's (f32)."""
+    loss, grads = packed_loss_and_grads(model, pack_rows(data, rows, **packing))
+    ref_loss, ref_grads = nnx.value_and_grad(padded_loss)(model, data, rows)
+    assert loss == pytest.approx(float(ref_loss), rel=1e-5)
+    for (path, got), want in zip(jax.tree.leaves_with_path(grads), jax.tree.leaves(ref_grads), strict=True):
+        scale = float(jnp.abs(want).max())
+        assert float(jnp.abs(got - want).max()) <= 1e-5 * scale + 1e-9, jax.tree_util.keystr(path)
+
+
 def test_loss_counts_only_masked_tokens(tiny_model: Any) -> None:
     data = prepare(short_demos(), pad_id=0)
-    tokens = jnp.asarray(data.tokens[:1])
     one = np.zeros_like(data.mask[:1])
     one[0, 5] = 1.0  # only the prediction of token 5
-    expected = -row_logprobs(tiny_model, tokens)[0, 4]
-    assert float(sft_loss(tiny_model, tokens, jnp.asarray(one))) == pytest.approx(float(expected), rel=1e-5)
+    single = SFTData(data.tokens[:1], one, data.episode[:1], ((0,),), data.lengths[:1], data.config[:1])
+    expected = -row_logprobs(tiny_model, jnp.asarray(data.tokens[:1]))[0, 4]
+    loss, _ = packed_loss_and_grads(
+        tiny_model, pack_rows(single, [0], buckets=[8, 128], micro_batch_tokens=128, share_prefixes=False)
+    )
+    assert loss == pytest.approx(float(expected), rel=1e-5)
+
+
+def long_prompt_demos(tails: int = 5) -> list[Demonstration]:
+    """A CLI's episodes in miniature: one 150-token system prompt, then per task a short
+    user turn and an answer of its own length. Task 0 has a second plan: the same user
+    turn, another answer, so a branch starts at an answer token. Ids are arbitrary tokens below 256."""
+    rng = np.random.default_rng(0)
+    system = rng.integers(1, 256, 150).tolist()
+    users = [rng.integers(1, 256, 3 + t).tolist() for t in range(tails - 1)]
+    demos = []
+    for t, user in enumerate([users[0], *users]):
+        answer = rng.integers(1, 256, 4 + 7 * t).tolist()
+        ids = system + user + answer
+        mask = (0,) * (len(ids) - len(answer)) + (1,) * len(answer)
+        task, plan = (f"task{max(t - 1, 0)}", "explore" if t == 0 else "direct")
+        demos.append(Demonstration(task, "cfg", plan, ((tuple(ids), mask),)))
+    return demos
+
+
+def test_bucketed_packing_is_the_padded_loss(tiny_model: Any) -> None:
+    """Rows padded to their bucket, several sequences to a row, split over micro-batches: same loss and gradients."""
+    data = prepare([*short_demos(), *long_prompt_demos()], pad_id=0)
+    assert sft_buckets(data.tokens.shape[1]) == [256]  # the longest (189 tokens) pads to 256
+    rows = list(range(len(data.tokens)))
+    packing: dict[str, Any] = {"buckets": [16, 64, 256], "micro_batch_tokens": 256, "share_prefixes": False}
+    packed = pack_rows(data, rows, **packing)
+    # Short demonstrations fill the rows of long ones; a row per call, so five calls.
+    assert len(packed.micro_batches) == 5 and max(mb.segment_ids.max() for mb in packed.micro_batches) > 1
+    assert packed.stats["batch/shared_token_frac"] == 0
+    # Short ones alone take a short bucket, not the longest demonstration's width.
+    assert pack_rows(data, [0, 1, 2, 3], **packing).micro_batches[0].tokens.shape == (1, 64)
+    assert_matches_padded(tiny_model, data, rows, **packing)
+
+
+def test_shared_prefix_packing_is_the_unshared_loss(tiny_model: Any) -> None:
+    """The system prompt once per row as a trie: same loss and gradients, far fewer tokens computed."""
+    data = prepare(long_prompt_demos(), pad_id=0)
+    rows = [4, 0, 2, 1, 3]
+    packing: dict[str, Any] = {"buckets": [512], "micro_batch_tokens": 512, "share_prefixes": True}
+    packed = pack_rows(data, rows, **packing)
+    (mb,) = packed.micro_batches
+    assert mb.tree and mb.tokens.shape == (1, 512)
+    # The 150-token prompt once (not five times), task 0's 3-token user turn once (not twice).
+    assert packed.stats["batch/computed_tokens"] == sum(data.lengths[rows]) - 4 * 150 - 3
+    assert_matches_padded(tiny_model, data, rows, **packing)
+    # A row too short for the whole trie splits it, each part with its own copy of the prompt.
+    split: dict[str, Any] = {"buckets": [256], "micro_batch_tokens": 512, "share_prefixes": True}
+    assert pack_rows(data, rows, **split).micro_batches[0].tokens.shape == (2, 256)
+    assert_matches_padded(tiny_model, data, rows, **split)
 
 
 def test_training_lowers_the_loss_and_raises_the_pass_estimate(tiny_model: Any) -> None:
@@ -91,6 +167,34 @@ def test_training_lowers_the_loss_and_raises_the_pass_estimate(tiny_model: Any) 
     assert after.episode_pass_estimate > before.episode_pass_estimate
     assert after.token_accuracy > before.token_accuracy
     assert result.pass_estimates[-1] == (25, pytest.approx(after.episode_pass_estimate))
+
+
+def test_steps_by_configuration_cover_each_epoch() -> None:
+    """With batch_by_config every step is one configuration's; an epoch is every trained row once."""
+    demos = [Demonstration(f"t{i}", f"cli{i % 3}", "direct", (((1, 2, 3 + i, 4), (0, 0, 1, 1)),)) for i in range(10)]
+    demos.append(Demonstration("t10", "cli0", "direct", (((1, 2), (0, 0)),)))  # nothing to train on
+    data = prepare(demos, pad_id=0)
+    steps = step_rows(data, SFTConfig(batch_size=2, batch_by_config=True, seed=3))
+    # Configurations of 4, 3 and 3 rows: 2 + 2 + 2 steps an epoch.
+    for _ in range(2):
+        epoch = [next(steps) for _ in range(6)]
+        assert all(len({int(data.config[r]) for r in rows}) == 1 for rows in epoch)
+        assert sorted(r for rows in epoch for r in rows) == list(range(10))
+    mixed = step_rows(data, SFTConfig(batch_size=2, seed=3))
+    assert any(len({int(data.config[r]) for r in next(mixed)}) > 1 for _ in range(10))
+
+
+def test_micro_batch_budget_must_hold_the_longest_row(tiny_model: Any) -> None:
+    data = prepare(short_demos(), pad_id=0)
+    with pytest.raises(ValueError, match="sft.micro_batch_tokens=64 holds no row"):
+        train_sft(tiny_model, data, SFTConfig(max_steps=1, micro_batch_tokens=64))
+    with pytest.raises(ValueError, match="sft.row_tokens=64 is shorter"):
+        train_sft(tiny_model, data, SFTConfig(max_steps=1, row_tokens=64))
+
+
+def test_buckets_pad_by_a_third_at_most() -> None:
+    assert sft_buckets(1920) == [512, 768, 1024, 1536, 1920]
+    assert sft_buckets(11264, 16384) == [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 11264, 12288, 16384]
 
 
 def test_training_stops_at_the_target(tiny_model: Any) -> None:
