@@ -56,7 +56,7 @@ class ContextLengthError(ValueError):
 
 class Engine:
     """Generation engine over `slots` rows of up to `max_len` positions whose
-    K/V lives in a pool of blocks (`new_cache` builds it: [layers, blocks, block_size, ...])."""
+    K/V lives in a pool of blocks (`new_cache` builds it: [layers, kv_heads, blocks, block_size, head_dim])."""
 
     def __init__(
         self,
