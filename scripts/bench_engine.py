@@ -144,6 +144,9 @@ class EngineSide:
     def decode(self, batch: int) -> float:
         self.kv_peak_tokens = max(self.kv_peak_tokens, batch * (self.args.prompt_tokens + self.args.new_tokens))
         prompts = prompts_for(batch, self.args.prompt_tokens, self.vocab, batch)
+        # Every run prefills its prompts, as transformers does: without this the
+        # prefix cache would serve the untimed run's prompts to the timed one.
+        self.engine.reset_cache()
         seconds = engine_generate(self.engine, prompts, self.args.new_tokens)
         self.rss_decode_gb = peak_rss_gb()
         progress("engine", f"peak RSS so far {self.rss_decode_gb:.2f} GB")

@@ -12,6 +12,7 @@ place.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -53,13 +54,14 @@ class StepOutputs:
 
 def _device_step(
     graphdef: nnx.GraphDef,
-    state: nnx.State,
+    treedef: Any,
+    leaves: list[jax.Array],
     cache: Any,
     inputs: dict[str, jax.Array],
     want_top: bool,
     want_prompt: bool,
 ) -> tuple[Any, dict[str, jax.Array]]:
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
     # Without prompt logprobs only the sampled position's logits are needed.
     last = None if want_prompt else inputs["last"]
     logits, cache = model.decode(inputs["tokens"], inputs["positions"], cache, inputs["block_table"], last)
@@ -90,16 +92,36 @@ class DeviceStep:
 
     def __init__(self, graphdef: nnx.GraphDef) -> None:
         self._graphdef = graphdef
-        # The cache is donated: it is rewritten every step and never read again.
-        self._jitted = jax.jit(_device_step, static_argnums=(0, 4, 5), donate_argnums=(2,))
+        self._state: nnx.State | None = None
+        self._leaves: list[jax.Array] = []
+        self._treedef: Any = None
+        self._jitted: Any = None
+
+    def _adopt(self, state: nnx.State) -> None:
+        """Flattens the weights once per installed version, not once per step.
+
+        The graph and the tree structure are bound into the compiled function
+        rather than passed as static arguments: jit would hash them on every
+        call, and for a model of hundreds of weight arrays that hashing and the
+        State's flattening cost tens of milliseconds a step.
+        """
+        leaves, treedef = jax.tree.flatten(state)
+        if self._treedef is None or treedef != self._treedef:
+            step = functools.partial(_device_step, self._graphdef, treedef)
+            # The cache is donated: it is rewritten every step and never read again.
+            self._jitted = jax.jit(step, static_argnums=(3, 4), donate_argnums=(1,))
+            self._treedef = treedef
+        self._state, self._leaves = state, leaves
 
     def __call__(
         self, state: nnx.State, cache: Any, inputs: StepInputs, want_top: bool, want_prompt: bool
     ) -> tuple[Any, StepOutputs]:
+        if state is not self._state:
+            self._adopt(state)
         # Host arrays go to the jitted call as they are: its C++ dispatch moves
         # them to the device, cheaper than one jnp.asarray each.
         arrays = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
-        cache, out = self._jitted(self._graphdef, state, cache, arrays, want_top, want_prompt)
+        cache, out = self._jitted(self._leaves, cache, arrays, want_top, want_prompt)
         # One device->host transfer per step for the whole batch.
         host = jax.device_get(out)
         return cache, StepOutputs(
