@@ -203,6 +203,9 @@ def _splash_fits(head_dim: int, seq_len: int) -> bool:
 # Keys per tile of a KV-cache step: scores [heads, rows, chunk, KV_TILE] stay
 # small enough to stay in cache, and the step skips tiles no query reaches.
 KV_TILE = 512
+# A step with few queries (decode) widens its tiles up to this many (query, key)
+# score pairs: one tile over the whole window skips the loop and its slicing.
+TILE_PAIRS = 2**22
 
 Carry = tuple[jax.Array, jax.Array, jax.Array]  # running max, running sum, weighted values
 
@@ -222,7 +225,9 @@ def paged_attention(q: jax.Array, view: LayerView, positions: jax.Array, tile: i
     b, t, n, h = q.shape
     kv_heads, block = view.k.shape[1], view.k.shape[3]
     group = n // kv_heads
-    # Tiles of at most `tile` keys, as even as the window allows, so padding stays under a tile's count of blocks.
+    # Tiles of at most `tile` keys (more when the step has few queries), as even as
+    # the window allows, so padding stays under a tile's count of blocks.
+    tile = max(tile, TILE_PAIRS // (b * n * t))
     width = view.table.shape[1]
     per_tile = -(-width // -(-width // max(1, tile // block)))
     tile = per_tile * block
@@ -254,14 +259,17 @@ def paged_attention(q: jax.Array, view: LayerView, positions: jax.Array, tile: i
 
     stats = (kv_heads, b, group * t)
     init = (jnp.full(stats, -jnp.inf, acc_dtype), jnp.zeros(stats, acc_dtype), jnp.zeros((*stats, h), acc_dtype))
-    # Tiles wholly at or before every real query's position need no mask (padding
-    # queries may read them: their outputs are discarded and stay finite). Tile 0
-    # always runs, so the running max is finite after it.
-    real = positions >= 0
-    nearest = jnp.min(jnp.where(real, positions, jnp.iinfo(jnp.int32).max))
-    unmasked = jnp.where(jnp.any(real), (nearest + 1) // tile, 0)
-    tiles = jnp.max(seen) // tile + 1
-    carry = jax.lax.fori_loop(0, unmasked, partial(tile_step, masked=False), init)
-    _, total, acc = jax.lax.fori_loop(unmasked, tiles, partial(tile_step, masked=True), carry)
+    if per_tile >= width:  # one tile: no loop
+        _, total, acc = tile_step(jnp.int32(0), init, masked=True)
+    else:
+        # Tiles wholly at or before every real query's position need no mask (padding
+        # queries may read them: their outputs are discarded and stay finite). Tile 0
+        # always runs, so the running max is finite after it.
+        real = positions >= 0
+        nearest = jnp.min(jnp.where(real, positions, jnp.iinfo(jnp.int32).max))
+        unmasked = jnp.where(jnp.any(real), (nearest + 1) // tile, 0)
+        tiles = jnp.max(seen) // tile + 1
+        carry = jax.lax.fori_loop(0, unmasked, partial(tile_step, masked=False), init)
+        _, total, acc = jax.lax.fori_loop(unmasked, tiles, partial(tile_step, masked=True), carry)
     out = (acc / total[..., None]).astype(q.dtype).reshape(kv_heads, b, group, t, h)
     return out.transpose(1, 3, 0, 2, 4).reshape(b, t, n, h)

@@ -31,9 +31,17 @@ def chunk_buckets(max_chunk: int, smallest: int = 1) -> tuple[int, ...]:
 
 def row_buckets(slots: int) -> tuple[int, ...]:
     """How many rows a step may run on: the slots it feeds, padded up to a
-    bucket. 1, then x4: a lone request (one long prompt, a single agent) pays
-    for no padding rows, and the number of compiled shapes stays small."""
-    return chunk_buckets(slots)
+    bucket. 1, then x2: every row costs a full pass over the weights' matmuls
+    (prefill chunks) and 8 agents must not pay for 16 rows, while a lone
+    request (one long prompt, a single agent) pays for no padding rows."""
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    buckets = [1]
+    while buckets[-1] * 2 < slots:
+        buckets.append(buckets[-1] * 2)
+    if buckets[-1] != slots:
+        buckets.append(slots)
+    return tuple(buckets)
 
 
 def step_groups(slots: Sequence[Slot | None]) -> list[list[int]]:

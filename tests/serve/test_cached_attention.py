@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from legorl_jax.models import attention
 from legorl_jax.models.attention import paged_attention
 from legorl_jax.models.kv_cache import LayerView
 
@@ -28,8 +29,10 @@ def _paged(window: np.ndarray, table: np.ndarray, blocks: int, block: int, layer
     return pool
 
 
-@pytest.mark.parametrize("tile", [4, 8, 64])
-def test_tiles_give_the_full_softmax(tile: int) -> None:
+@pytest.mark.parametrize(("tile", "pairs"), [(4, 0), (8, 0), (64, 0), (4, attention.TILE_PAIRS)])
+def test_tiles_give_the_full_softmax(tile: int, pairs: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # pairs 0 keeps tiles at `tile` keys; the default widens this small step's tile to the whole window.
+    monkeypatch.setattr(attention, "TILE_PAIRS", pairs)
     rng = np.random.default_rng(0)
     block, width, heads, kv_heads, dim = 4, 6, 6, 2, 8  # a window of 24 positions in 6 blocks of 4
     window = 22  # positions past 21 are never read: the last block is partly stale
@@ -46,7 +49,8 @@ def test_tiles_give_the_full_softmax(tile: int) -> None:
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
 
 
-def test_keys_past_the_furthest_query_are_never_read() -> None:
+def test_keys_past_the_furthest_query_are_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "TILE_PAIRS", 0)  # tiles of 4 keys, as a long prefill's
     rng = np.random.default_rng(1)
     q = rng.standard_normal((1, 2, 2, 4), np.float32)
     k, v = (rng.standard_normal((1, 16, 1, 4), np.float32) for _ in range(2))

@@ -32,7 +32,7 @@ def test_buckets() -> None:
     assert chunk_buckets(256) == (1, 4, 16, 64, 256)
     assert chunk_buckets(100) == (1, 4, 16, 64, 100)
     assert chunk_buckets(1) == (1,)
-    assert row_buckets(32) == (1, 4, 16, 32) and row_buckets(8) == (1, 4, 8) and row_buckets(2) == (1, 2)
+    assert row_buckets(32) == (1, 2, 4, 8, 16, 32) and row_buckets(12) == (1, 2, 4, 8, 12) and row_buckets(1) == (1,)
     assert pick_bucket(5, (1, 4, 16)) == 16 and pick_bucket(40, (1, 4, 16)) == 16
     with pytest.raises(ValueError):
         chunk_buckets(0)
