@@ -54,18 +54,26 @@ def _run_engine(
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
-@pytest.mark.parametrize("chunk", [1, 4])
-def test_cached_decode_matches_full_forward(arch: str, chunk: int, tiny_hf_checkpoint: Callable[[str], Path]) -> None:
+@pytest.mark.parametrize(("chunk", "unstacked"), [(1, False), (4, False), (4, True)])
+def test_cached_decode_matches_full_forward(
+    arch: str, chunk: int, unstacked: bool, tiny_hf_checkpoint: Callable[[str], Path]
+) -> None:
+    """Also with the layers unstacked, as the engine serves them, against the stacked (training) forward."""
     model = from_hf(tiny_hf_checkpoint(arch))
     rng = np.random.default_rng(7)
     seqs = [rng.integers(0, VOCAB, n, dtype=np.int32) for n in (11, 5, 14, 3)]
+    keys = [(0, 0), (0, 1), (1, 0), (2, 0)]
     # Row 0 reuses its slot for a shorter sequence after the first ends, so
     # stale cache entries beyond the new sequence's length must be ignored.
     queues = [[seqs[0], seqs[3]], [seqs[1]], [seqs[2]]]
-    got = _run_engine(model, queues, delays=[0, 2, 1], chunk=chunk, max_len=16)
-    keys = [(r, s) for r, queue in enumerate(queues) for s in range(len(queue))]
     batch, lens = padded_batch([queues[r][s] for r, s in keys])
     full = np.asarray(model(jnp.asarray(batch)))
+    if unstacked:
+        model.unstack_layers()
+        assert isinstance(model.layers, nnx.List) and len(model.layers) == model.config.num_layers
+        np.testing.assert_allclose(np.asarray(model(jnp.asarray(batch))), full, atol=1e-5, rtol=0)
+    got = _run_engine(model, queues, delays=[0, 2, 1], chunk=chunk, max_len=16)
+    assert sorted(got) == keys
     for i, key in enumerate(keys):
         assert got[key].shape == (lens[i], VOCAB)
         np.testing.assert_allclose(got[key], full[i, : lens[i]], atol=1e-5, rtol=0)
