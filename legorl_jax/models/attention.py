@@ -6,9 +6,10 @@ What runs where (`attention_kernel`; "auto" is the default):
   and builds the [B, N, T, S] score matrix. It is what "auto" picks off
   GPU/TPU and for shapes the fused kernels do not take.
 - KV-cache steps (the embedded engine's prefill/decode) run `paged_attention`
-  whatever the setting: XLA code that gathers the keys from the block pool a
-  tile at a time with an online softmax, so scores never span the whole window
-  and tiles past a step's last position are skipped (long training rows are where a fused
+  whatever the setting: XLA code that gathers the window's keys from the block
+  pool once, then reads them a tile at a time with an online softmax (a decode
+  step's one tile is the whole window), so a prefill's scores never span the
+  whole window and tiles past a step's last position are skipped (long training rows are where a fused
   kernel pays, and serving on accelerator hosts is vLLM's).
 - cuDNN's fused kernel: "auto" picks it on an Ampere-or-newer NVIDIA GPU for
   training-shaped calls with 16-bit activations and head_dim a multiple of 8
@@ -232,7 +233,7 @@ def paged_attention(q: jax.Array, view: LayerView, positions: jax.Array, tile: i
     per_tile = -(-width // -(-width // max(1, tile // block)))
     tile = per_tile * block
     # Table entries past the window read the null block: their keys sit beyond every query's position.
-    table = jnp.pad(view.table, ((0, 0), (0, -view.table.shape[1] % per_tile)))
+    table = jnp.pad(view.table, ((0, 0), (0, -width % per_tile)))
     # Gathered here, not per tile inside the loop: a loop that read the pool itself
     # would make XLA copy the whole pool (the layers' loop carry) on every layer.
     keys, values = read_blocks(view.k, view.layer, table), read_blocks(view.v, view.layer, table)

@@ -180,7 +180,7 @@ class CausalLM(nnx.Module):
                 x, _, stats = layer(x, rope, mask, None, positions, valid, segment_ids, tree)
                 return (x, pools), stats
             # The pools ride in the carry, so each layer updates them in place:
-            # a step writes only its new entries and reads its blocks a tile at a time.
+            # a step writes only its new entries and gathers its window's blocks once.
             view = LayerView(k=pools[0], v=pools[1], layer=index, table=cache[1])
             x, written, stats = layer(x, rope, mask, view, positions, valid, segment_ids, tree)
             assert written is not None  # a layer given the pool returns it updated
