@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from legorl_jax.core.allocator import keep_freed_memory
+
+    # First, before any library starts a thread (see the module for why).
+    keep_freed_memory()
     args = build_parser().parse_args(argv)
     from legorl_jax.core.config import ConfigError
 

@@ -23,6 +23,10 @@ a row that only has to work: its time then includes compiling. Reported:
   the engine's prefill time per turn and the prefix-cache hit rate;
 - peak resident memory of the engine process against weights + the KV it used.
 
+The engine worker runs with the malloc settings `legorl` itself applies
+(`legorl_jax.core.allocator`); the transformers worker keeps glibc's defaults,
+as a user running transformers has them, unless `--hf-malloc tuned`.
+
 `--num-layers` overrides the shape's depth: a row too slow at full depth runs
 at fewer layers, and its ratio is then per layer (the LM head is not).
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -43,10 +48,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from legorl_jax.core.allocator import keep_freed_memory  # noqa: E402
+
+# Before numpy or any thread exists (see the module); the parent sets
+# LEGORL_MALLOC per worker, so this is what decides each side's allocator.
+keep_freed_memory()
+
+import numpy as np  # noqa: E402
 
 SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-135m": dict(
@@ -261,10 +272,10 @@ def serve_worker(args: argparse.Namespace) -> int:
 class Worker:
     """The parent's handle on one side's worker subprocess."""
 
-    def __init__(self, side: str, model_dir: Path) -> None:
+    def __init__(self, side: str, model_dir: Path, env: dict[str, str]) -> None:
         self.side = side
         cmd = [sys.executable, __file__, *sys.argv[1:], "--side", side, "--model-dir", str(model_dir)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def ask(self, op: str, *args: Any) -> Any:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -303,6 +314,12 @@ def main() -> int:
     parser.add_argument("--engine-only", action="store_true", help="no transformers side")
     parser.add_argument("--first-turn", type=int, default=10000, help="first prompt of the 4-turn episode; 0 skips")
     parser.add_argument("--turn-tokens", type=int, default=500, help="tokens each later turn adds")
+    parser.add_argument(
+        "--hf-malloc",
+        choices=("default", "tuned"),
+        default="default",
+        help="the transformers worker's malloc: glibc's defaults, or the engine's settings",
+    )
     parser.add_argument("--side", choices=("engine", "hf"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -321,7 +338,11 @@ def main() -> int:
     shape = SHAPES[args.shape] | ({"num_layers": args.num_layers} if args.num_layers else {})
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_hf_model(Path(tmp) / args.shape, **shape)
-        workers = [Worker(side, model_dir) for side in ("engine", "hf")[: 1 if args.engine_only else 2]]
+        malloc = {"engine": "tuned", "hf": args.hf_malloc}
+        workers = [
+            Worker(side, model_dir, os.environ | {"LEGORL_MALLOC": malloc[side]})
+            for side in ("engine", "hf")[: 1 if args.engine_only else 2]
+        ]
         try:
             report(args, shape, workers)
         finally:
@@ -344,7 +365,7 @@ def report(args: argparse.Namespace, shape: dict[str, Any], workers: list[Worker
     lengths = f"prompt {args.prompt_tokens}, new {args.new_tokens} tokens; " if decode else ""
     print(f"shape {args.shape} {shape}; {lengths}"
           f"median of {args.repeats} timed run(s) per side; memory bandwidth {bandwidth:.1f} GB/s"
-          + (f"; torch threads {hf['threads']}" if hf else ""))  # fmt: skip
+          + (f"; torch threads {hf['threads']}; transformers malloc {args.hf_malloc}" if hf else ""))  # fmt: skip
     if decode:
         print(f"{'batch':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>7}")
     for batch, seconds in decode.items():

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 from flax import nnx
 
+from legorl_jax.core.allocator import release_freed_memory
 from legorl_jax.serve.engine import Engine
 from legorl_jax.serve.step import DeviceStep
 
@@ -59,6 +60,8 @@ class ServedModel:
                 raise WeightsError(f"{path}: parameter structure differs from the served model")
             version = self.engine.swap_weights(state)
             self.weights_path = path
+            del state
+            release_freed_memory()  # the load's buffers, and the old weights once the engine drops them
             return version
 
 
@@ -164,6 +167,7 @@ def load_served_model(
         max_step_pairs=SCORES_BUDGET_BYTES // (4 * config.num_heads),
         prefix_caching=enable_prefix_caching,
     ).start()
+    release_freed_memory()  # what reading and converting the checkpoint used
     return ServedModel(
         engine=engine,
         tokenizer=tokenizer,
