@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from process_report import failure_report
 
 from .test_train_e2e import train_command
 
@@ -103,7 +104,7 @@ def test_two_training_steps_at_a_real_shape_through_proxy_engine_and_docker(
     config = json.loads((real_shape_model / "config.json").read_text())
     assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (30, 576, 49152)
     done = subprocess.run(real_shape_command(real_shape_model, tmp_path), capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert done.returncode == 0, failure_report(done)
     run = tmp_path / "e2e"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r.get("kind") == "train"]

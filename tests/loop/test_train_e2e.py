@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_report import failure_report
 
 # Whole `legorl train` runs in subprocesses: minutes each.
 pytestmark = pytest.mark.slow
@@ -77,7 +78,7 @@ def test_sigkill_then_rerun_continues_without_losing_or_repeating_steps(model_di
     killed_at = max(train_steps(metrics))
 
     second = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert second.returncode == 0, failure_report(second)
     assert "resumed from checkpoint" in second.stderr
     steps = train_steps(metrics)
     assert steps == [1, 2, 3, 4], f"killed after step {killed_at}; steps recorded {steps}"
@@ -114,7 +115,7 @@ def test_streamed_weights_to_a_chosen_directory(model_dir: Path, tmp_path: Path,
     if deltas:
         command += ["--set", "fleet.weights_full_every=2", "--set", "fleet.weights_relay=true"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure_report(done)
     assert "policy version 2 loaded (streamed)" in done.stderr
     assert "(from its location)" not in done.stderr
     assert (weights / "LATEST").read_text().strip() == "v00000002"

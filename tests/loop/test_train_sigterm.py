@@ -13,6 +13,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from process_report import failure_report
 
 from rollout_server.sandbox.reaper import OWNER_LABEL, TRIAL_LABEL
 
@@ -97,7 +98,7 @@ def test_sigterm_stops_everything_it_started_and_the_run_resumes(model_dir: Path
 
     done_before = max(train_steps(metrics))
     again = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.returncode == 0, failure_report(again)
     assert f"resumed from checkpoint at step {done_before}" in again.stderr
     assert train_steps(metrics) == [1, 2, 3]
     client.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from process_report import failure_report
 
 from .scripted_engine import ScriptedEngine
 from .test_openai_chat import call_text
@@ -191,7 +192,7 @@ def test_real_cli_two_tool_calls_one_sequence(
         text=True,
         timeout=180,
     )
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-2000:])
+    assert done.returncode == 0, failure_report(done)
     assert (work / "out.txt").read_text() == "hi\n"
     traj = proxy.trajectory(session["key"])
     main = [c for c in traj["calls"] if not c["side"]]

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import uvicorn
 from loop.test_train_e2e import train_command
+from process_report import failure_report
 from selenium import webdriver
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
@@ -58,7 +59,7 @@ def trained_run(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     # trains (and the trajectory test finds a trained sequence) but for 1 run in 256 per step.
     command = train_command(model_dir, out, steps=2) + ["--set", "rl.max_sampling_rounds=8"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure_report(done)
     return out / "e2e"
 
 
