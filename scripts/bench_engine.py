@@ -140,7 +140,10 @@ class EngineSide:
 
         self.args = args
         max_len = max(4096, args.prompt_tokens + args.new_tokens, args.long_prompt + 1, args.episode_tokens)
-        self.served = load_served_model(model_dir, max_slots=max(args.batches, default=1), max_len=max_len)
+        budget = int(args.kv_cache_gb * 1e9) if args.kv_cache_gb else None
+        self.served = load_served_model(
+            model_dir, max_slots=max(args.batches, default=1), max_len=max_len, kv_cache_memory_bytes=budget
+        )
         self.engine = self.served.engine
         self.vocab = self.served.config.vocab_size
         self.rss_start_gb = peak_rss_gb()
@@ -315,6 +318,11 @@ def main() -> int:
     parser.add_argument("--first-turn", type=int, default=10000, help="first prompt of the 4-turn episode; 0 skips")
     parser.add_argument("--turn-tokens", type=int, default=500, help="tokens each later turn adds")
     parser.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        help="the engine's KV pool (default: the engine's default, which may queue the largest batch)",
+    )
+    parser.add_argument(
         "--hf-malloc",
         choices=("default", "tuned"),
         default="default",
@@ -329,6 +337,8 @@ def main() -> int:
         or min(args.long_prompt, args.first_turn, args.turn_tokens) < 0
     ):
         parser.error("batches, --prompt-tokens, --new-tokens, --repeats and --num-layers must be positive")
+    if args.kv_cache_gb is not None and args.kv_cache_gb <= 0:
+        parser.error(f"--kv-cache-gb must be positive, got {args.kv_cache_gb}")
     args.episode_tokens = args.first_turn + 4 * (args.turn_tokens + 1) if args.first_turn else 0
     if args.side:
         return serve_worker(args)

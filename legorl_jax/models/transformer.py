@@ -17,6 +17,7 @@ from flax import nnx
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.kv_cache import KVCache, LayerView
 from legorl_jax.models.layers import DecoderLayer, causal_segment_mask, rms_norm, segment_positions
+from legorl_jax.models.linear import Linear
 from legorl_jax.models.moe import RouterStats, load_balancing_loss
 from legorl_jax.models.rope import rope_tables
 
@@ -70,13 +71,18 @@ class CausalLM(nnx.Module):
         per layer); a decode step over stacked weights copies each layer's
         slice before its matmuls read it, which for a small batch costs more
         than the matmuls. Unstacked, each step's program runs the layers one
-        after another on weights read in place. Logits are unchanged.
+        after another on weights read in place. The layers' projections are
+        also stored [in, out] (`Linear.make_input_major`), faster for the few
+        rows of a decode step. Logits are unchanged.
         """
         if isinstance(self.layers, nnx.List):
             return
         graphdef, params = nnx.split(self.layers)
         count = self.config.num_layers
         self.layers = nnx.List([nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], params)) for i in range(count)])
+        for _, module in nnx.iter_graph(self.layers):
+            if isinstance(module, Linear):
+                module.make_input_major()
 
     def __call__(
         self, tokens: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None
