@@ -24,8 +24,9 @@ a row that only has to work: its time then includes compiling. Reported:
 - peak resident memory of the engine process against weights + the KV it used.
 
 The engine worker runs with the malloc settings `legorl` itself applies
-(`legorl_jax.core.allocator`); the transformers worker keeps glibc's defaults,
-as a user running transformers has them, unless `--hf-malloc tuned`.
+(`legorl_jax.core.allocator`; `--engine-malloc default` keeps glibc's), the
+transformers worker with glibc's defaults, as a user running transformers has
+them (`--hf-malloc tuned` gives it the engine's).
 
 `--num-layers` overrides the shape's depth: a row too slow at full depth runs
 at fewer layers, and its ratio is then per layer (the LM head is not).
@@ -323,6 +324,12 @@ def main() -> int:
         help="the engine's KV pool (default: the engine's default, which may queue the largest batch)",
     )
     parser.add_argument(
+        "--engine-malloc",
+        choices=("default", "tuned"),
+        default="tuned",
+        help="the engine worker's malloc: the settings legorl applies (tuned), or glibc's defaults",
+    )
+    parser.add_argument(
         "--hf-malloc",
         choices=("default", "tuned"),
         default="default",
@@ -348,7 +355,7 @@ def main() -> int:
     shape = SHAPES[args.shape] | ({"num_layers": args.num_layers} if args.num_layers else {})
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_hf_model(Path(tmp) / args.shape, **shape)
-        malloc = {"engine": "tuned", "hf": args.hf_malloc}
+        malloc = {"engine": args.engine_malloc, "hf": args.hf_malloc}
         workers = [
             Worker(side, model_dir, os.environ | {"LEGORL_MALLOC": malloc[side]})
             for side in ("engine", "hf")[: 1 if args.engine_only else 2]
@@ -375,7 +382,8 @@ def report(args: argparse.Namespace, shape: dict[str, Any], workers: list[Worker
     lengths = f"prompt {args.prompt_tokens}, new {args.new_tokens} tokens; " if decode else ""
     print(f"shape {args.shape} {shape}; {lengths}"
           f"median of {args.repeats} timed run(s) per side; memory bandwidth {bandwidth:.1f} GB/s"
-          + (f"; torch threads {hf['threads']}; transformers malloc {args.hf_malloc}" if hf else ""))  # fmt: skip
+          + f"; malloc: engine {args.engine_malloc}"
+          + (f", transformers {args.hf_malloc}; torch threads {hf['threads']}" if hf else ""))  # fmt: skip
     if decode:
         print(f"{'batch':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>7}")
     for batch, seconds in decode.items():

@@ -77,12 +77,29 @@ class CausalLM(nnx.Module):
         """
         if isinstance(self.layers, nnx.List):
             return
+        # One weight at a time, each stacked array dropped once sliced, then one
+        # layer at a time transposed: the copies never hold more than the
+        # weights and one array (loading a model to serve peaks there).
         graphdef, params = nnx.split(self.layers)
+        self.layers = nnx.List([])
+        leaves, treedef = jax.tree.flatten(params)
+        del params
         count = self.config.num_layers
-        self.layers = nnx.List([nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], params)) for i in range(count)])
-        for _, module in nnx.iter_graph(self.layers):
-            if isinstance(module, Linear):
-                module.make_input_major()
+        slices = []
+        while leaves:
+            stacked = leaves.pop(0)
+            slices.append([stacked[i] for i in range(count)])
+            del stacked
+        layers = []
+        for i in range(count):
+            layer = nnx.merge(graphdef, jax.tree.unflatten(treedef, [weight[i] for weight in slices]))
+            for weight in slices:
+                weight[i] = None
+            for _, module in nnx.iter_graph(layer):
+                if isinstance(module, Linear):
+                    module.make_input_major()
+            layers.append(layer)
+        self.layers = nnx.List(layers)
 
     def __call__(
         self, tokens: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None

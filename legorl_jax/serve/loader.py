@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 LOGITS_BUDGET_BYTES = 256 * 2**20
 # Upper bound on one step's float32 attention scores [rows, heads, chunk, tile]
 # (`paged_attention` holds one tile of keys at a time): many rows take smaller chunks.
-SCORES_BUDGET_BYTES = 256 * 2**20
+SCORES_BUDGET_BYTES = 64 * 2**20
 # Positions per KV block: the unit of allocation and of prefix-cache reuse.
 BLOCK_SIZE = 32
 
@@ -151,6 +151,9 @@ def load_served_model(
 
     path = Path(model_dir)
     graphdef, state, config = _load(path, dtype)
+    # Before the pool: what reading and converting the checkpoint used goes
+    # back to the system instead of staying in the heap beside the pool.
+    release_freed_memory()
     tokenizer = load_tokenizer(path)
     kv_dtype = config.compute_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
     blocks = pool_blocks(state, config, kv_dtype, kv_cache_memory_bytes, max_slots, max_len)
@@ -167,7 +170,6 @@ def load_served_model(
         max_step_pairs=SCORES_BUDGET_BYTES // (4 * config.num_heads),
         prefix_caching=enable_prefix_caching,
     ).start()
-    release_freed_memory()  # what reading and converting the checkpoint used
     return ServedModel(
         engine=engine,
         tokenizer=tokenizer,
