@@ -277,9 +277,14 @@ function markupRanges(text) {
   return out;
 }
 
+// Pieces that draw nothing and take no width (a lone "\r", other control characters,
+// zero-width characters): the stylesheet gives them a sliver to hover or click.
+const INKLESS = /^[\u0000-\u0008\u000b-\u001f\u007f\u200b-\u200d\ufeff]+$/;
+
 function tokenSpan(seq, i, offset, ranges, sampledIndex) {
   const piece = seq.pieces[i];
   const cls = ["tok"];
+  if (INKLESS.test(piece)) cls.push("blank");
   const mid = offset + piece.length / 2;
   const wanted = sampledIndex !== null ? "toolcall" : "toolresult";
   for (const [s, e, c] of ranges) if (c === wanted && mid >= s && mid <= e) cls.push(c);
