@@ -312,9 +312,9 @@ def test_trajectory_marks_tool_calls_merges_forks_and_the_verifier(browser: WebD
         model_calls=2,
     )
     first["learner_logprobs"] = [-0.02, -1.01, None, -5.2]  # token 3 disagrees; token 4 has none (not trained)
-    # "" is a token that ends inside a character (the next token shows it), and "\r" one that draws
-    # nothing: both still there to hover or click.
-    forked = sequence(["<|im_start|>user\nagain", "<|im_end|>\n", "", "\r", "bye"], [[2, 5]], model_calls=1)
+    # "" is a token that ends inside a character (the next token shows it), "\r" one that draws
+    # nothing and "\n" one that only breaks the line: all still there to hover or click.
+    forked = sequence(["<|im_start|>user\nagain", "<|im_end|>\n", "", "\r", "\n", "bye"], [[2, 6]], model_calls=1)
     # As logging.rollout_tokens "train" or "none" writes an untrained sequence: spans and summary, no tokens.
     untracked = {"spans": [[4, 6]], "advantage": None, "policy_version": 0, "side_call": True, "model_calls": 1}
     record = {
@@ -326,7 +326,7 @@ def test_trajectory_marks_tool_calls_merges_forks_and_the_verifier(browser: WebD
         "reward": 0.0,
         "error": "tests wrote no reward: reward.txt is a FIFO",
         "metrics": {"verifier_no_reward": True, "history_rewrites": 1},
-        "sampled": ['<tool_call>{"name": "bash"}</tool_call>', "done", "\rbye", "a side answer"],
+        "sampled": ['<tool_call>{"name": "bash"}</tool_call>', "done", "\r\nbye", "a side answer"],
         "sequences": [first, forked, untracked],
     }
     (tmp_path / "rollouts.jsonl").write_text(json.dumps(record) + "\n")
@@ -351,6 +351,10 @@ def test_trajectory_marks_tool_calls_merges_forks_and_the_verifier(browser: WebD
         browser.find_element(By.CSS_SELECTOR, '#seq-1 .tok[data-i="3"]').click()
         shown = 'token 3 · id 3 · "\\r"'
         wait(browser, lambda d: text_of(d, "#token-info").startswith(shown), "no details of a carriage return")
+        browser.find_element(By.CSS_SELECTOR, '#seq-1 .tok[data-i="4"]').click()
+        shown = 'token 4 · id 4 · "\\n"'
+        wait(browser, lambda d: text_of(d, "#token-info").startswith(shown), "no details of a line break")
+        assert browser.find_element(By.CSS_SELECTOR, '#seq-1 .tok[data-i="4"]').get_attribute("textContent") == "\n"
         labels = texts_of(browser, "#seq-0 .segment .label")
         assert labels[1].startswith("model call 1") and labels[3].startswith("model call 2")
         assert console_errors(browser) == []

@@ -280,11 +280,14 @@ function markupRanges(text) {
 // Pieces that draw nothing and take no width (a lone "\r", other control characters,
 // zero-width characters): the stylesheet gives them a sliver to hover or click.
 const INKLESS = /^[\u0000-\u0008\u000b-\u001f\u007f\u200b-\u200d\ufeff]+$/;
+// Pieces of blanks that break the line: the stylesheet shows a return mark to hover or click.
+const LINE_BREAK = /^[ \t\r]*\n\s*$/;
 
 function tokenSpan(seq, i, offset, ranges, sampledIndex) {
   const piece = seq.pieces[i];
   const cls = ["tok"];
   if (INKLESS.test(piece)) cls.push("blank");
+  else if (LINE_BREAK.test(piece)) cls.push("newline");
   const mid = offset + piece.length / 2;
   const wanted = sampledIndex !== null ? "toolcall" : "toolresult";
   for (const [s, e, c] of ranges) if (c === wanted && mid >= s && mid <= e) cls.push(c);
