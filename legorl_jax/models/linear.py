@@ -14,8 +14,8 @@ class Linear(nnx.Module):
     (or [in, out] once `make_input_major` has run, for serving).
 
     Keeping HF's layout (instead of nnx.Linear's [in, out]) makes import,
-    export and weight sync to the engine plain byte copies; XLA contracts
-    either layout natively.
+    export and weight sync to the engine plain byte copies; the engine
+    transposes once when it loads, for its few-row steps.
     """
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs, d_in: int, d_out: int, bias: bool) -> None:
@@ -23,7 +23,6 @@ class Linear(nnx.Module):
         self.weight = nnx.Param(init(rngs.params(), (d_out, d_in), config.param_dtype))
         self.bias = nnx.Param(jnp.zeros((d_out,), config.param_dtype)) if bias else None
         self.compute_dtype = jnp.dtype(config.compute_dtype)
-
         self.input_major = False
 
     def make_input_major(self) -> None:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # compute logits at one position per row only).
 LOGITS_BUDGET_BYTES = 256 * 2**20
 # Upper bound on one step's float32 attention scores [rows, heads, chunk, tile]
-# (`paged_attention` holds one tile of keys at a time): many rows take smaller chunks.
+# (`paged_attention` scores one tile of keys at a time): many rows take smaller chunks.
 SCORES_BUDGET_BYTES = 64 * 2**20
 # Positions per KV block: the unit of allocation and of prefix-cache reuse.
 BLOCK_SIZE = 32
