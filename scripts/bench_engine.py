@@ -13,9 +13,12 @@ untimed run is the row itself (every shape it meets compiles); transformers'
 is a short generate (it compiles nothing). `--cold` skips the untimed runs, for
 a row that only has to work: its time then includes compiling. Reported:
 
-- decode rows: generated tokens/s of each side and their ratio; for batch 1 the
-  machine's bound too (weight bytes read per token / memory bandwidth, the
-  bandwidth measured in this run by a large copy);
+- decode rows: generated tokens/s of each side and their ratio; then each
+  side's prefill alone (the same prompts, one new token) and its decode rate
+  without it (batch x (new - 1) tokens over the row's time less its prefill),
+  as vLLM's benchmarks split time to first token from time per output token;
+  for batch 1 the machine's bound too (weight bytes read per token / memory
+  bandwidth, the bandwidth measured in this run by a large copy);
 - a long-prompt row: seconds to prefill `--long-prompt` tokens (engine: one
   request, max_tokens=1) against one transformers forward of the same prompt
   (`--engine-only` skips transformers, e.g. for a prompt too long for it);
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import resource
 import statistics
@@ -89,9 +93,17 @@ def peak_rss_gb() -> float:
 
 
 def memory_bandwidth_gbs() -> float:
-    """Best of a few 1 GiB copies: bytes read + written per second."""
-    src = np.ones(2**27, np.float64)
-    dst = np.empty_like(src)
+    """Best of a few 1 GiB copies: bytes read + written per second.
+
+    Both buffers are page-aligned (anonymous maps): from the heap, where this
+    process's malloc settings put them, their addresses can differ by a few
+    cache lines modulo 4 KiB, and such a copy ran at a third of the speed
+    (8 against 25 GB/s on one machine), which would lower the bound.
+    """
+    size = 2**30
+    src = np.frombuffer(mmap.mmap(-1, size), np.float64)
+    dst = np.frombuffer(mmap.mmap(-1, size), np.float64)
+    src.fill(1.0)
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
@@ -156,16 +168,20 @@ class EngineSide:
     def warm(self, op: str, *args: Any) -> None:
         getattr(self, op)(*args)
 
-    def decode(self, batch: int) -> float:
+    def decode(self, batch: int, new_tokens: int | None = None) -> float:
         self.kv_peak_tokens = max(self.kv_peak_tokens, batch * (self.args.prompt_tokens + self.args.new_tokens))
         prompts = prompts_for(batch, self.args.prompt_tokens, self.vocab, batch)
         # Every run prefills its prompts, as transformers does: without this the
         # prefix cache would serve the untimed run's prompts to the timed one.
         self.engine.reset_cache()
-        seconds = engine_generate(self.engine, prompts, self.args.new_tokens)
-        self.rss_decode_gb = peak_rss_gb()
+        seconds = engine_generate(self.engine, prompts, new_tokens or self.args.new_tokens)
+        self.rss_decode_gb = max(self.rss_decode_gb, peak_rss_gb())
         progress("engine", f"peak RSS so far {self.rss_decode_gb:.2f} GB")
         return seconds
+
+    def prefill(self, batch: int) -> float:
+        """The decode row's prompts to their first token."""
+        return self.decode(batch, 1)
 
     def long(self) -> float:
         self.kv_peak_tokens = max(self.kv_peak_tokens, self.args.long_prompt + 1)
@@ -234,10 +250,10 @@ class HFSide:
         with self.torch.inference_mode():
             self.model.generate(input_ids=self.torch.tensor(prompts_for(1, 16, self.vocab, 0)), max_new_tokens=2)
 
-    def decode(self, batch: int) -> float:
+    def decode(self, batch: int, new_tokens: int | None = None) -> float:
         torch = self.torch
         ids = torch.tensor(prompts_for(batch, self.args.prompt_tokens, self.vocab, batch))
-        new = self.args.new_tokens
+        new = new_tokens or self.args.new_tokens
         start = time.perf_counter()
         with torch.inference_mode():
             self.model.generate(
@@ -245,6 +261,10 @@ class HFSide:
                 do_sample=False, pad_token_id=0,
             )  # fmt: skip
         return time.perf_counter() - start
+
+    def prefill(self, batch: int) -> float:
+        """The decode row's prompts to their first token."""
+        return self.decode(batch, 1)
 
     def long(self) -> float:
         torch = self.torch
@@ -375,6 +395,7 @@ def report(args: argparse.Namespace, shape: dict[str, Any], workers: list[Worker
     bandwidth = memory_bandwidth_gbs()
     progress("bench", f"memory bandwidth {bandwidth:.1f} GB/s")
     decode = {batch: interleaved(workers, args, "decode", batch) for batch in args.batches}
+    prefill = {batch: interleaved(workers, args, "prefill", batch) for batch in args.batches}
     long = interleaved(workers, args, "long") if args.long_prompt else {}
     turns = workers[0].ask("episode") if args.first_turn else None
     engine = workers[0].ask("finish")
@@ -385,11 +406,17 @@ def report(args: argparse.Namespace, shape: dict[str, Any], workers: list[Worker
           + f"; malloc: engine {args.engine_malloc}"
           + (f", transformers {args.hf_malloc}; torch threads {hf['threads']}" if hf else ""))  # fmt: skip
     if decode:
-        print(f"{'batch':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>7}")
+        print(f"{'batch':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>7}   {'prefill s (engine / hf)':>24}"
+              f" {'decode tok/s (engine / hf)':>27} {'ratio':>7}")  # fmt: skip
     for batch, seconds in decode.items():
         tokens = batch * args.new_tokens
         e, h = seconds["engine"], seconds.get("hf", float("nan"))
-        print(f"{batch:>5} {tokens / e:>13.1f} {tokens / h:>10.1f} {h / e:>6.2f}x")
+        pe, ph = prefill[batch]["engine"], prefill[batch].get("hf", float("nan"))
+        # Decode alone: the tokens after the first, over the row's time less its prefill.
+        later = batch * (args.new_tokens - 1)
+        de, dh = later / max(e - pe, 1e-9), later / max(h - ph, 1e-9)
+        print(f"{batch:>5} {tokens / e:>13.1f} {tokens / h:>10.1f} {h / e:>6.2f}x   {pe:>11.2f} / {ph:<10.2f}"
+              f" {de:>13.1f} / {dh:<11.1f} {de / dh:>6.2f}x")  # fmt: skip
     if 1 in decode:
         # Batch-1 decode reads every weight once per token (the KV read is small beside it).
         bound = bandwidth / engine["weights_gb"]

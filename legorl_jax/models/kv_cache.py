@@ -97,7 +97,11 @@ def read_blocks(pool: jax.Array, layer: jax.Array, table: jax.Array) -> jax.Arra
     """Keys (or values) of the blocks table[B, n] of one layer: [K, B, n * block_size, D].
 
     Heads lead, so attention's products batch over (head, row) with no transpose.
+    The layer is read as one list of (head, block) entries: indexing its block
+    axis instead makes XLA gather block-major and then transpose the whole
+    window into head-major order, a second copy of it every layer.
     """
-    blocks = pool[layer][:, table]  # [K, B, n, block_size, D]
-    k, b, n, size, d = blocks.shape
-    return blocks.reshape(k, b, n * size, d)
+    _, k, blocks, size, d = pool.shape
+    b, n = table.shape
+    entries = (jnp.arange(k, dtype=table.dtype)[:, None, None] * blocks + table[None]).reshape(-1)
+    return pool[layer].reshape(k * blocks, size, d)[entries].reshape(k, b, n * size, d)

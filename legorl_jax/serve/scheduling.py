@@ -5,6 +5,7 @@ they can be tested on their own."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -60,19 +61,24 @@ def step_groups(slots: Sequence[Slot | None]) -> list[list[int]]:
 # Smallest attention window in positions: below it a step costs little anyway,
 # and fewer windows mean fewer compilations.
 MIN_WINDOW = 256
-# Windows double up to this many positions, then grow by it: a long prompt's
-# chunks attend over at most this much past what they need.
+# Up to WINDOW_STEP positions each window is at most a quarter over the one
+# before: a decode step reads its whole window, so doubling made a 520-token
+# batch read 1,024 positions a row. Past it windows grow WINDOW_STEP at a time,
+# so a long prompt's chunks compile a few windows, not one per quarter.
+WINDOW_GROWTH = 1.25
 WINDOW_STEP = 4096
 
 
 def window_buckets(max_blocks: int, block_size: int) -> tuple[int, ...]:
-    """Attention windows in blocks: doubling from MIN_WINDOW positions, then
-    WINDOW_STEP at a time, up to max_blocks. A step attends over the smallest
-    one holding its longest row, so its cost follows the live context."""
+    """Attention windows in blocks: from MIN_WINDOW positions, each a quarter
+    over the last up to WINDOW_STEP, then WINDOW_STEP at a time, up to
+    max_blocks. A step attends over the smallest one holding its longest row,
+    so its cost follows the live context."""
     step = max(1, WINDOW_STEP // block_size)
     buckets = [max(1, min(max_blocks, -(-MIN_WINDOW // block_size)))]
     while buckets[-1] < max_blocks:
-        grown = buckets[-1] * 2 if buckets[-1] < step else buckets[-1] + step
+        last = buckets[-1]
+        grown = min(step, max(last + 1, math.ceil(last * WINDOW_GROWTH))) if last < step else last + step
         buckets.append(min(grown, max_blocks))
     return tuple(buckets)
 

@@ -36,9 +36,12 @@ def test_buckets() -> None:
     assert pick_bucket(5, (1, 4, 16)) == 16 and pick_bucket(40, (1, 4, 16)) == 16
     with pytest.raises(ValueError):
         chunk_buckets(0)
-    # Windows double from 256 positions to 4096, then grow 4096 at a time.
-    assert window_buckets(1024, 32) == (8, 16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024)
-    assert window_buckets(3, 32) == (3,) and window_buckets(20, 32) == (8, 16, 20)
+    # Windows grow by a quarter from 256 positions to 4096, then 4096 at a time.
+    quarter = (8, 10, 13, 17, 22, 28, 35, 44, 55, 69, 87, 109, 128)
+    assert window_buckets(1024, 32) == (*quarter, 256, 384, 512, 640, 768, 896, 1024)
+    assert window_buckets(3, 32) == (3,) and window_buckets(20, 32) == (8, 10, 13, 17, 20)
+    # A decode step at 520 positions reads 544 (17 blocks), not 1,024.
+    assert pick_bucket(-(-520 // 32), window_buckets(128, 32)) == 17
 
 
 def test_decoding_and_prefilling_slots_run_as_separate_calls() -> None:
