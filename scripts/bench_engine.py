@@ -416,7 +416,7 @@ def report(args: argparse.Namespace, shape: dict[str, Any], workers: list[Worker
         later = batch * (args.new_tokens - 1)
         de, dh = later / max(e - pe, 1e-9), later / max(h - ph, 1e-9)
         print(f"{batch:>5} {tokens / e:>13.1f} {tokens / h:>10.1f} {h / e:>6.2f}x   {pe:>11.2f} / {ph:<10.2f}"
-              f" {de:>13.1f} / {dh:<11.1f} {de / dh:>6.2f}x")  # fmt: skip
+              f" {de:>13.1f} / {dh:<11.1f} {de / dh if dh else float('nan'):>6.2f}x")  # fmt: skip
     if 1 in decode:
         # Batch-1 decode reads every weight once per token (the KV read is small beside it).
         bound = bandwidth / engine["weights_gb"]
