@@ -5,8 +5,10 @@ What runs where (`attention_kernel`; "auto" is the default):
 - XLA (`jax.nn.dot_product_attention(implementation="xla")`) runs everywhere
   and builds the [B, N, T, S] score matrix. It is what "auto" picks off
   GPU/TPU and for shapes the fused kernels do not take.
-- KV-cache steps (the embedded engine's prefill/decode) run `paged_attention`
-  whatever the setting: XLA code that gathers the window's keys from the block
+- KV-cache steps (the embedded engine's prefill/decode) run `cached_attention`
+  whatever the setting. On CPU a decode step (one query a row) runs the C++
+  kernel of `decode_kernel` (reads each row's blocks once); every other step
+  runs `paged_attention`: XLA code that gathers the window's keys from the block
   pool once, then reads them a tile at a time with an online softmax (a decode
   step's one tile is the whole window), so a prefill's scores never span the
   whole window and tiles past a step's last position are skipped (long training rows are where a fused
@@ -54,6 +56,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
+from legorl_jax.models import decode_kernel
 from legorl_jax.models.config import AttentionKernel
 from legorl_jax.models.kv_cache import LayerView, read_blocks
 from legorl_jax.models.sharding import BATCH_AXES
@@ -209,6 +212,16 @@ KV_TILE = 512
 TILE_PAIRS = 2**22
 
 Carry = tuple[jax.Array, jax.Array, jax.Array]  # running max, running sum, weighted values
+
+
+def cached_attention(q: jax.Array, view: LayerView, positions: jax.Array) -> jax.Array:
+    """A KV-cache step's attention, q[B, T, N, H] -> [B, T, N, H]: the CPU kernel for a
+    decode step where it is built, else `paged_attention` (module docstring)."""
+    # A prefill chunk is compute-bound and XLA's tiled products serve it well; the
+    # kernel's win is reading a decode step's memory-bound window once.
+    if q.shape[1] == 1 and decode_kernel.available():
+        return decode_kernel.decode_attention(q, view, positions)
+    return paged_attention(q, view, positions)
 
 
 def paged_attention(q: jax.Array, view: LayerView, positions: jax.Array, tile: int = KV_TILE) -> jax.Array:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from legorl_jax.models.attention import attend, paged_attention
+from legorl_jax.models.attention import attend, cached_attention
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.kv_cache import LayerView, store_new
 from legorl_jax.models.linear import Linear
@@ -73,7 +73,7 @@ class Attention(nnx.Module):
             k_pool = store_new(cache.k, cache.layer, cache.table, k, positions)
             v_pool = store_new(cache.v, cache.layer, cache.table, v, positions)
             cache = LayerView(k=k_pool, v=v_pool, layer=cache.layer, table=cache.table)
-            out = paged_attention(q, cache, positions)
+            out = cached_attention(q, cache, positions)
         else:
             assert mask is not None  # a step without a cache always brings its mask
             out = attend(q, k, v, mask, kernel=self.kernel, causal=True, segment_ids=segment_ids, tree=tree)

@@ -1,0 +1,80 @@
+"""The CPU decode-attention kernel gives paged_attention's XLA result, reading only what it may."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from legorl_jax.models import decode_kernel
+from legorl_jax.models.attention import paged_attention
+from legorl_jax.models.kv_cache import LayerView
+
+pytestmark = pytest.mark.skipif(not decode_kernel.available(), reason="needs the CPU backend and a C++ compiler")
+
+
+def _case(
+    rows: int, heads: int, kv_heads: int, dim: int, width: int, steps: int = 1, dtype: str = "float32", seed: int = 0
+) -> tuple[jax.Array, LayerView, jax.Array]:
+    """A 3-layer pool of 32-position blocks, rows owning scattered blocks, queries at varied positions."""
+    rng = np.random.default_rng(seed)
+    block, blocks = 32, 1 + rows * width
+    pool = rng.standard_normal((2, 3, kv_heads, blocks, block, dim), np.float32)
+    table = rng.permutation(np.arange(1, blocks)).reshape(rows, width).astype(np.int32)
+    last = rng.integers(0, width * block, rows)
+    positions = np.maximum(last[:, None] - np.arange(steps)[::-1], -1).astype(np.int32)
+    positions[-1, 1:] = -1  # the last row is a decode row padded out
+    q = rng.standard_normal((rows, steps, heads, dim), np.float32)
+    view = LayerView(
+        k=jnp.asarray(pool[0], dtype), v=jnp.asarray(pool[1], dtype), layer=jnp.int32(1), table=jnp.asarray(table)
+    )
+    return jnp.asarray(q, dtype), view, jnp.asarray(positions)
+
+
+@pytest.mark.parametrize(
+    ("rows", "heads", "kv_heads", "dim", "width", "steps"),
+    [
+        (8, 9, 3, 64, 17, 1),  # smollm2-135m's heads at a 544-position window
+        (3, 16, 8, 128, 5, 1),  # qwen3-0.6b's heads
+        (2, 4, 4, 64, 3, 4),  # no grouping; four queries a row
+        (1, 2, 1, 16, 1, 1),  # one row, one block
+    ],
+)
+def test_kernel_matches_the_xla_path(rows: int, heads: int, kv_heads: int, dim: int, width: int, steps: int) -> None:
+    q, view, positions = _case(rows, heads, kv_heads, dim, width, steps)
+    got = jax.jit(decode_kernel.decode_attention)(q, view, positions)
+    want = jax.jit(paged_attention)(q, view, positions)
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("q_dtype", "kv_dtype"), [("float32", "bfloat16"), ("bfloat16", "bfloat16")])
+def test_kernel_matches_with_bfloat16(q_dtype: str, kv_dtype: str) -> None:
+    q, view, positions = _case(4, 9, 3, 64, 9, dtype=kv_dtype, seed=3)
+    q = q.astype(q_dtype)
+    got = jax.jit(decode_kernel.decode_attention)(q, view, positions)
+    want = jax.jit(paged_attention)(q, view, positions)
+    assert got.dtype == want.dtype == jnp.dtype(q_dtype)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=2e-2, rtol=0)
+
+
+def test_keys_past_a_query_are_never_read() -> None:
+    q, view, positions = _case(2, 4, 2, 64, 4)
+    positions = jnp.asarray([[40], [0]], jnp.int32)
+    table = np.asarray(view.table)
+    k, v = np.asarray(view.k).copy(), np.asarray(view.v).copy()
+    for row, position in ((0, 40), (1, 0)):  # poison every position after the row's query, block by block
+        for s in range(position + 1, table.shape[1] * 32):
+            k[1, :, table[row, s // 32], s % 32] = v[1, :, table[row, s // 32], s % 32] = np.nan
+    poisoned = LayerView(k=jnp.asarray(k), v=jnp.asarray(v), layer=view.layer, table=view.table)
+    got = np.asarray(decode_kernel.decode_attention(q, poisoned, positions))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, paged_attention(q, view, positions), atol=2e-6, rtol=1e-5)
+
+
+def test_a_bad_table_is_clamped_not_read_out_of_bounds() -> None:
+    # XLA clamps a gather's indices; the kernel must too, or a bad table reads outside the pool.
+    q, view, positions = _case(2, 4, 2, 64, 3)
+    bad = LayerView(k=view.k, v=view.v, layer=jnp.int32(7), table=jnp.asarray([[10**6, -5, 2], [1, 2, 10**9]]))
+    far = jnp.asarray([[10**6], [-(10**6)]], jnp.int32)
+    assert np.isfinite(np.asarray(decode_kernel.decode_attention(q, bad, far))).all()
