@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +13,10 @@ from legorl_jax.models import decode_kernel
 from legorl_jax.models.attention import paged_attention
 from legorl_jax.models.kv_cache import LayerView
 
-pytestmark = pytest.mark.skipif(not decode_kernel.available(), reason="needs the CPU backend and a C++ compiler")
+# CI has a compiler: there a kernel that failed to build fails these tests instead of skipping them.
+pytestmark = pytest.mark.skipif(
+    not decode_kernel.available() and os.environ.get("CI") != "true", reason="needs the CPU backend and a C++ compiler"
+)
 
 
 def _case(

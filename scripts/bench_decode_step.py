@@ -1,0 +1,141 @@
+#!/usr/bin/env python
+"""Benchmark: the engine's decode step on CPU with the C++ decode-attention
+kernel (`legorl_jax/models/decode_kernels`) against the same step on XLA's
+paged attention, in one process, on random weights at a real model's shape.
+
+Both variants compile the model's KV-cache forward (`CausalLM.decode`, layers
+unstacked as the engine serves them) for `--rows` rows of one new token each
+at `--positions` cached positions; the rows' blocks are scattered through the
+pool, as they are in an engine that has run a while. Then `--repeats` rounds
+alternate the variants, each round timing `--steps` steps of each; the medians
+and their ratio are printed. Attention alone (every layer's, no projections)
+is timed the same way.
+
+    .venv/bin/python scripts/bench_decode_step.py --shape smollm2-135m --rows 8 --positions 560
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from legorl_jax.core.allocator import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()  # as `legorl serve` runs, before numpy or any thread exists
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from bench_engine import SHAPES  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from legorl_jax.models import decode_kernel, from_hf, init_kv_cache  # noqa: E402
+from legorl_jax.models.attention import paged_attention  # noqa: E402
+from legorl_jax.models.demo_assets import build_tiny_hf_model  # noqa: E402
+from legorl_jax.models.kv_cache import LayerView  # noqa: E402
+from legorl_jax.serve.loader import BLOCK_SIZE  # noqa: E402
+
+
+def timed(fn: Callable[[], Any], steps: int) -> float:
+    """Milliseconds per call over `steps` calls, waiting for the last."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--positions", type=int, default=560, help="cached positions per row")
+    parser.add_argument("--steps", type=int, default=5, help="steps timed per variant and round")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds, variants alternated")
+    args = parser.parse_args()
+    if min(args.rows, args.positions, args.steps, args.repeats) < 1:
+        parser.error("--rows, --positions, --steps and --repeats must be positive")
+    if not decode_kernel.available():
+        parser.error("the decode kernel is unavailable here (needs the CPU backend and a C++ compiler; see the log)")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = from_hf(build_tiny_hf_model(Path(tmp) / args.shape, **SHAPES[args.shape]))
+    model.unstack_layers()  # as the engine serves it
+    graphdef, state = nnx.split(model)
+    config = model.config
+    width = -(-args.positions // BLOCK_SIZE)
+    blocks = 1 + args.rows * width
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.permutation(np.arange(1, blocks)).reshape(args.rows, width).astype(np.int32))
+    cache = init_kv_cache(config, blocks, BLOCK_SIZE)
+    cache = type(cache)(k=cache.k + 0.01, v=cache.v - 0.01)  # pages touched, as a used pool's are
+    tokens = jnp.asarray(rng.integers(0, config.vocab_size, (args.rows, 1)), jnp.int32)
+    positions = jnp.full((args.rows, 1), args.positions - 1, jnp.int32)
+    q = jnp.asarray(rng.standard_normal((args.rows, 1, config.num_heads, config.head_dim)), config.compute_dtype)
+    leaves, treedef = jax.tree.flatten(state)
+
+    def step(leaves: list[jax.Array], cache: Any) -> tuple[Any, jax.Array]:
+        model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+        logits, cache = model.decode(tokens, positions, cache, table, None)
+        return cache, logits
+
+    def attention(attend: Callable[..., jax.Array]) -> Callable[[Any], jax.Array]:
+        def every_layer(cache: Any) -> jax.Array:
+            out = q
+            for layer in range(config.num_layers):
+                out = out + attend(out, LayerView(k=cache.k, v=cache.v, layer=jnp.int32(layer), table=table), positions)
+            return out
+
+        return jax.jit(every_layer)
+
+    # Each variant is its own function: jit would reuse one function's trace for both.
+    steps: dict[str, Any] = {}
+    for name in ("kernel", "xla"):
+        real = decode_kernel.available
+        decode_kernel.available = real if name == "kernel" else (lambda: False)  # read while tracing
+        steps[name] = jax.jit(lambda leaves, cache: step(leaves, cache), donate_argnums=(1,))
+        cache, logits = steps[name](leaves, cache)
+        jax.block_until_ready(logits)
+        decode_kernel.available = real
+    attends = {"kernel": attention(decode_kernel.decode_attention), "xla": attention(paged_attention)}
+    for fn in attends.values():
+        jax.block_until_ready(fn(cache))
+
+    rows: dict[str, dict[str, list[float]]] = {"decode step": {}, "attention, all layers": {}}
+    for _ in range(args.repeats):
+        for name in ("kernel", "xla"):
+
+            def one_step(name: str = name) -> jax.Array:
+                nonlocal cache
+                cache, logits = steps[name](leaves, cache)
+                return logits
+
+            rows["decode step"].setdefault(name, []).append(timed(one_step, args.steps))
+            # Bound after the steps ran: they donate the cache they are given.
+            rows["attention, all layers"].setdefault(name, []).append(
+                timed(functools.partial(attends[name], cache), args.steps)
+            )
+    print(
+        f"shape {args.shape}: {args.rows} rows x 1 new token at {args.positions} positions "
+        f"({width} scattered blocks a row); medians of {args.repeats} rounds of {args.steps} steps"
+    )
+    print(f"{'':24}{'kernel ms':>12}{'xla ms':>12}{'speed-up':>10}")
+    for label, times in rows.items():
+        kernel, xla = statistics.median(times["kernel"]), statistics.median(times["xla"])
+        print(f"{label:24}{kernel:12.1f}{xla:12.1f}{xla / kernel:9.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
