@@ -50,8 +50,8 @@ inline uint16_t float_to_bf16(float x) {
 inline float load(const float* p, int64_t i) { return p[i]; }
 inline float load(const uint16_t* p, int64_t i) { return bf16_to_float(p[i]); }
 
-// exp for x <= 0, written so the compiler vectorizes it (libm's expf does not
-// vectorize here). 2^n * e^r with |r| <= ln2 / 2, a degree-6 polynomial:
+// exp for x <= 0, inline and branch-free instead of a libm call per score
+// (a profile shows this loop at a few percent of the kernel). 2^n * e^r with |r| <= ln2 / 2, a degree-6 polynomial:
 // relative error ~2e-7. Below -87 it returns 0 (so does -inf).
 inline float fast_exp(float x) {
   const float clamped = std::max(x, -87.0f);
