@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Benchmark: the engine's decode step on CPU with the C++ decode-attention
-kernel (`legorl_jax/models/decode_kernels`) against the same step on XLA's
+kernel (`legorl_jax/models/decode_attention.cc`) against the same step on XLA's
 paged attention, in one process, on random weights at a real model's shape.
 
 Both variants compile the model's KV-cache forward (`CausalLM.decode`, layers

@@ -67,10 +67,12 @@ def span_bounds(loss_mask: list[int]) -> list[list[int]]:
 def token_pieces(decode: Callable[[list[int]], str], token_ids: list[int], cache: dict[int, str]) -> list[str]:
     """Each token's text; the pieces join to the decoded sequence (byte-level BPE, as Qwen3's).
 
-    A token that ends inside a multi-byte character gets "" and the character
-    goes to the token that completes it, so no piece shows a replacement mark.
-    A token's own text never changes, so `cache` keeps it: one decode per
-    vocabulary entry instead of one per token logged.
+    A character split over tokens goes to the token that completes it, and a
+    token keeps the whole characters it finishes, so no piece shows a
+    replacement mark and a span's pieces hold every character it completes
+    (a token can end one character and begin the next). A token's own text
+    never changes, so `cache` keeps it: one decode per vocabulary entry
+    instead of one per token logged.
     """
     pieces: list[str] = []
     pending: list[int] = []
@@ -86,11 +88,30 @@ def token_pieces(decode: Callable[[list[int]], str], token_ids: list[int], cache
         if text.endswith("\ufffd") and len(pending) < _MAX_SPLIT_TOKENS:
             pieces.append("")
             continue
-        pieces.append(text)
+        pieces.append("")
+        _share_out(decode, pending, text, pieces)
         pending = []
     if pending:
-        pieces[-1] = decode(pending)
+        _share_out(decode, pending, decode(pending), pieces)
     return pieces
+
+
+def _share_out(decode: Callable[[list[int]], str], run: list[int], text: str, pieces: list[str]) -> None:
+    """Gives each token of `run` (the last len(run) pieces) the whole characters it finishes.
+
+    A prefix of the run decodes to whole characters and then a mark for the
+    unfinished one; without the mark it is a prefix of the run's text, as
+    UTF-8 resynchronises at each character. Should a tokenizer's clean-up
+    break that, the whole text stays with the last token.
+    """
+    heads = [decode(run[:i]).rstrip("\ufffd") for i in range(1, len(run))] + [text]
+    ordered = all(b.startswith(a) for a, b in zip(heads, heads[1:], strict=False))
+    if not ordered:
+        heads = [""] * (len(run) - 1) + [text]
+    done = ""
+    for i, head in enumerate(heads):
+        pieces[len(pieces) - len(run) + i] = head[len(done) :]
+        done = head
 
 
 def trained_index(trajectories: Sequence[pb.Trajectory], trained: Sequence[Trained]) -> list[list[int | None]]:

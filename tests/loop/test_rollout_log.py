@@ -41,6 +41,24 @@ def test_token_pieces_join_to_the_text_and_never_split_a_character(tokenizer) ->
     assert any(piece == "" for piece in pieces)  # a character split over tokens went to its last one
 
 
+def test_a_token_ending_one_character_and_starting_the_next_keeps_the_first() -> None:
+    # Byte-level tokens as a trained BPE can merge them: one ends "日" and begins "本".
+    ni, hon = "日".encode(), "本".encode()
+    vocab = {1: b"ok", 2: b" " + ni + hon[:1], 3: hon[1:], 4: b"<end>", 5: ni[:2]}
+
+    def decode(ids: list[int]) -> str:
+        return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
+
+    ids, mask = [1, 2, 3, 4], [1, 1, 0, 0]  # the span ends inside "本"
+    pieces = token_pieces(decode, ids, {})
+    assert pieces == ["ok", " 日", "本", "<end>"]
+    # The span's pieces hold every character it finishes: its own decode less the unfinished one.
+    ((start, end),) = span_bounds(mask)
+    assert "".join(pieces[start:end]) == decode(ids[start:end]).rstrip("\ufffd")
+    # A run cut off at the end of the sequence shares out the same way; its unfinished bytes stay marked.
+    assert token_pieces(decode, [1, 2, 5], {}) == ["ok", " 日", "\ufffd\ufffd"]
+
+
 def test_trained_advantages_pair_learner_sequences_with_their_trajectories() -> None:
     def traj(*seqs: list[int]) -> pb.Trajectory:
         return pb.Trajectory(sequences=[pb.TokenSequence(token_ids=s) for s in seqs])
