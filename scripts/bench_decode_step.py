@@ -1,15 +1,19 @@
 #!/usr/bin/env python
-"""Benchmark: the engine's decode step on CPU with the C++ decode-attention
-kernel (`legorl_jax/models/decode_attention.cc`) against the same step on XLA's
-paged attention, in one process, on random weights at a real model's shape.
+"""Benchmark: the engine's decode step on CPU with its C++ kernels
+(`legorl_jax/models/cpu_kernels.py`: decode attention and the few-row
+products) against the same step on XLA alone, in one process, on random
+weights at a real model's shape.
 
-Both variants compile the model's KV-cache forward (`CausalLM.decode`, layers
-unstacked as the engine serves them) for `--rows` rows of one new token each
-at `--positions` cached positions; the rows' blocks are scattered through the
-pool, as they are in an engine that has run a while. Then `--repeats` rounds
-alternate the variants, each round timing `--steps` steps of each; the medians
-and their ratio are printed. Attention alone (every layer's, no projections)
-is timed the same way.
+Three variants compile the model's KV-cache forward (`CausalLM.decode`, layers
+unstacked as the engine serves them): with the kernels; XLA alone as the
+engine runs without them (projections stored [in, out]); and XLA alone on
+HF's [out, in] layout (which layout XLA prefers differs between CPUs). Each
+runs `--rows` rows of one new token at `--positions` cached positions; the
+rows' blocks are scattered through the pool, as they are in an engine that
+has run a while. Then `--repeats` rounds alternate the variants, each round
+timing `--steps` steps of each; the medians and the XLA-alone/kernels ratio
+are printed. Attention alone (every layer's, no projections) is timed the
+same way.
 
     .venv/bin/python scripts/bench_decode_step.py --shape smollm2-135m --rows 8 --positions 560
 """
@@ -40,7 +44,7 @@ import numpy as np  # noqa: E402
 from bench_engine import SHAPES  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from legorl_jax.models import decode_kernel, from_hf, init_kv_cache  # noqa: E402
+from legorl_jax.models import cpu_kernels, from_hf, init_kv_cache  # noqa: E402
 from legorl_jax.models.attention import paged_attention  # noqa: E402
 from legorl_jax.models.demo_assets import build_tiny_hf_model  # noqa: E402
 from legorl_jax.models.kv_cache import LayerView  # noqa: E402
@@ -66,13 +70,22 @@ def main() -> int:
     args = parser.parse_args()
     if min(args.rows, args.positions, args.steps, args.repeats) < 1:
         parser.error("--rows, --positions, --steps and --repeats must be positive")
-    if not decode_kernel.available():
+    if not cpu_kernels.available():
         parser.error("the decode kernel is unavailable here (needs the CPU backend and a C++ compiler; see the log)")
 
+    # Variants: (CPU kernels on while the model is set up for serving, while its step is traced).
+    # Set up without them, the projections are stored [in, out] for XLA; "xla, [out, in]" keeps HF's layout.
+    variants = {"kernels": (True, True), "xla": (False, False), "xla, [out, in]": (True, False)}
+    real = cpu_kernels.available
+    models = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model = from_hf(build_tiny_hf_model(Path(tmp) / args.shape, **SHAPES[args.shape]))
-    model.unstack_layers()  # as the engine serves it
-    graphdef, state = nnx.split(model)
+        checkpoint = build_tiny_hf_model(Path(tmp) / args.shape, **SHAPES[args.shape])
+        for name, (at_setup, _) in variants.items():
+            cpu_kernels.available = real if at_setup else (lambda: False)
+            models[name] = from_hf(checkpoint)
+            models[name].unstack_layers()  # as the engine serves it
+            cpu_kernels.available = real
+    model = models["kernels"]
     config = model.config
     width = -(-args.positions // BLOCK_SIZE)
     blocks = 1 + args.rows * width
@@ -83,12 +96,17 @@ def main() -> int:
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, (args.rows, 1)), jnp.int32)
     positions = jnp.full((args.rows, 1), args.positions - 1, jnp.int32)
     q = jnp.asarray(rng.standard_normal((args.rows, 1, config.num_heads, config.head_dim)), config.compute_dtype)
-    leaves, treedef = jax.tree.flatten(state)
 
-    def step(leaves: list[jax.Array], cache: Any) -> tuple[Any, jax.Array]:
-        model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        logits, cache = model.decode(tokens, positions, cache, table, None)
-        return cache, logits
+    def stepper(model: Any) -> tuple[Callable[..., tuple[Any, jax.Array]], list[jax.Array]]:
+        graphdef, state = nnx.split(model)
+        leaves, treedef = jax.tree.flatten(state)
+
+        def step(leaves: list[jax.Array], cache: Any) -> tuple[Any, jax.Array]:
+            model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+            logits, cache = model.decode(tokens, positions, cache, table, None)
+            return cache, logits
+
+        return step, leaves
 
     def attention(attend: Callable[..., jax.Array]) -> Callable[[Any], jax.Array]:
         def every_layer(cache: Any) -> jax.Array:
@@ -101,39 +119,41 @@ def main() -> int:
 
     # Each variant is its own function: jit would reuse one function's trace for both.
     steps: dict[str, Any] = {}
-    for name in ("kernel", "xla"):
-        real = decode_kernel.available
-        decode_kernel.available = real if name == "kernel" else (lambda: False)  # read while tracing
-        steps[name] = jax.jit(lambda leaves, cache: step(leaves, cache), donate_argnums=(1,))
-        cache, logits = steps[name](leaves, cache)
+    weights: dict[str, list[jax.Array]] = {}
+    for name, (_, at_trace) in variants.items():
+        step, weights[name] = stepper(models[name])
+        cpu_kernels.available = real if at_trace else (lambda: False)  # read while tracing
+        steps[name] = jax.jit(step, donate_argnums=(1,))
+        cache, logits = steps[name](weights[name], cache)
         jax.block_until_ready(logits)
-        decode_kernel.available = real
-    attends = {"kernel": attention(decode_kernel.decode_attention), "xla": attention(paged_attention)}
+        cpu_kernels.available = real
+    attends = {"kernels": attention(cpu_kernels.decode_attention), "xla": attention(paged_attention)}
     for fn in attends.values():
         jax.block_until_ready(fn(cache))
 
     rows: dict[str, dict[str, list[float]]] = {"decode step": {}, "attention, all layers": {}}
     for _ in range(args.repeats):
-        for name in ("kernel", "xla"):
+        for name in variants:
 
             def one_step(name: str = name) -> jax.Array:
                 nonlocal cache
-                cache, logits = steps[name](leaves, cache)
+                cache, logits = steps[name](weights[name], cache)
                 return logits
 
             rows["decode step"].setdefault(name, []).append(timed(one_step, args.steps))
-            # Bound after the steps ran: they donate the cache they are given.
-            rows["attention, all layers"].setdefault(name, []).append(
-                timed(functools.partial(attends[name], cache), args.steps)
-            )
+            if name in attends:  # bound after the steps ran: they donate the cache they are given
+                rows["attention, all layers"].setdefault(name, []).append(
+                    timed(functools.partial(attends[name], cache), args.steps)
+                )
     print(
         f"shape {args.shape}: {args.rows} rows x 1 new token at {args.positions} positions "
         f"({width} scattered blocks a row); medians of {args.repeats} rounds of {args.steps} steps"
     )
-    print(f"{'':24}{'kernel ms':>12}{'xla ms':>12}{'speed-up':>10}")
+    print(f"{'ms':24}" + "".join(f"{name:>16}" for name in variants) + f"{'xla / kernels':>16}")
     for label, times in rows.items():
-        kernel, xla = statistics.median(times["kernel"]), statistics.median(times["xla"])
-        print(f"{label:24}{kernel:12.1f}{xla:12.1f}{xla / kernel:9.2f}x")
+        medians = {name: statistics.median(runs) for name, runs in times.items()}
+        cells = "".join(f"{medians[name]:16.1f}" if name in medians else f"{'':16}" for name in variants)
+        print(f"{label:24}{cells}{medians['xla'] / medians['kernels']:15.2f}x")
     return 0
 
 

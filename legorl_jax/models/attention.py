@@ -7,7 +7,7 @@ What runs where (`attention_kernel`; "auto" is the default):
   GPU/TPU and for shapes the fused kernels do not take.
 - KV-cache steps (the embedded engine's prefill/decode) run `cached_attention`
   whatever the setting. On CPU a decode step (one query a row) runs the C++
-  kernel of `decode_kernel` (reads each row's blocks once); every other step
+  kernel of `cpu_kernels` (reads each row's blocks once); every other step
   runs `paged_attention`: XLA code that gathers the window's keys from the block
   pool once, then reads them a tile at a time with an online softmax (a decode
   step's one tile is the whole window), so a prefill's scores never span the
@@ -56,7 +56,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
-from legorl_jax.models import decode_kernel
+from legorl_jax.models import cpu_kernels
 from legorl_jax.models.config import AttentionKernel
 from legorl_jax.models.kv_cache import LayerView, read_blocks
 from legorl_jax.models.sharding import BATCH_AXES
@@ -219,8 +219,8 @@ def cached_attention(q: jax.Array, view: LayerView, positions: jax.Array) -> jax
     decode step where it is built, else `paged_attention` (module docstring)."""
     # A prefill chunk is compute-bound and XLA's tiled products serve it well; the
     # kernel's win is reading a decode step's memory-bound window once.
-    if q.shape[1] == 1 and decode_kernel.available():
-        return decode_kernel.decode_attention(q, view, positions)
+    if q.shape[1] == 1 and cpu_kernels.available():
+        return cpu_kernels.decode_attention(q, view, positions)
     return paged_attention(q, view, positions)
 
 

@@ -16,16 +16,13 @@
 // outside the pool.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
-#include <mutex>
 #include <vector>
 
+#include "cpu_pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -206,43 +203,19 @@ void attend_pair(const Shape& s, int64_t b, int64_t kv, const Q* q, const KV* k_
   }
 }
 
-// Pairs handed out by an atomic counter; `done` counts finished pairs, so the
-// caller waits for the work, never for a pool task that may start late (a late
-// task finds no pair left and touches only this shared state).
-struct Work {
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  std::mutex mutex;
-  std::condition_variable finished;
-};
-
 template <typename Q, typename KV>
 void run(const Shape& s, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k_pool, const ffi::AnyBuffer& v_pool,
          const int32_t* table, const int32_t* positions, ffi::Result<ffi::AnyBuffer>& out, ffi::ThreadPool& pool) {
-  const int64_t pairs = s.batch * s.kv_heads;
-  auto work = std::make_shared<Work>();
   const Q* q_data = static_cast<const Q*>(q.untyped_data());
   const KV* k_data = static_cast<const KV*>(k_pool.untyped_data());
   const KV* v_data = static_cast<const KV*>(v_pool.untyped_data());
   Q* out_data = static_cast<Q*>(out->untyped_data());
-  // Copies of everything a task reads: a task may outlive this call's frame.
-  auto drain = [=]() {
+  // One item per (row, kv head) pair; everything captured by value (a task may outlive this frame).
+  legorl::parallel_for(pool, s.batch * s.kv_heads, [=](int64_t i) {
     thread_local Scratch scratch;
-    int64_t finished = 0;
-    for (int64_t i; (i = work->next.fetch_add(1)) < pairs; ++finished) {
-      attend_pair<Q, KV>(s, i / s.kv_heads, i % s.kv_heads, q_data, k_data, v_data, table, positions, out_data,
-                         scratch);
-    }
-    if (finished && work->done.fetch_add(finished) + finished == pairs) {
-      std::lock_guard<std::mutex> lock(work->mutex);
-      work->finished.notify_all();
-    }
-  };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), pairs - 1);
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule(decltype(drain)(drain));  // each task owns a copy
-  drain();
-  std::unique_lock<std::mutex> lock(work->mutex);
-  work->finished.wait(lock, [&] { return work->done.load() == pairs; });
+    attend_pair<Q, KV>(s, i / s.kv_heads, i % s.kv_heads, q_data, k_data, v_data, table, positions, out_data,
+                       scratch);
+  });
 }
 
 ffi::Error decode_attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_pool, ffi::AnyBuffer v_pool,

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from legorl_jax.models import cpu_kernels
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.kv_cache import KVCache, LayerView
 from legorl_jax.models.layers import DecoderLayer, causal_segment_mask, rms_norm, segment_positions
@@ -71,9 +72,9 @@ class CausalLM(nnx.Module):
         per layer); a decode step over stacked weights copies each layer's
         slice before its matmuls read it, which for a small batch costs more
         than the matmuls. Unstacked, each step's program runs the layers one
-        after another on weights read in place. The layers' projections are
-        also stored [in, out] (`Linear.make_input_major`), faster for the few
-        rows of a decode step. Logits are unchanged.
+        after another on weights read in place, and the projections are set
+        up for the few rows of a decode step (`Linear.prepare_for_serving`).
+        Logits are unchanged.
         """
         if isinstance(self.layers, nnx.List):
             return
@@ -97,7 +98,7 @@ class CausalLM(nnx.Module):
                 weight[i] = None
             for _, module in nnx.iter_graph(layer):
                 if isinstance(module, Linear):
-                    module.make_input_major()
+                    module.prepare_for_serving()
             layers.append(layer)
         self.layers = nnx.List(layers)
 
@@ -182,7 +183,10 @@ class CausalLM(nnx.Module):
         assert new_cache is not None  # a cache in is a cache out
         if last is not None:
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)
-        return self.logits(x), new_cache
+        head = self.output_embedding()
+        if isinstance(self.layers, nnx.List) and cpu_kernels.matmul_fits(x, head):
+            return cpu_kernels.decode_matmul(x, head), new_cache  # serving's few rows; the same float32 logits
+        return project_logits(x, head), new_cache
 
     def _run_layers(
         self,

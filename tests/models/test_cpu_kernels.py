@@ -1,4 +1,4 @@
-"""The CPU decode-attention kernel gives paged_attention's XLA result, reading only what it may."""
+"""The CPU decode kernels give XLA's results: attention reads only what it may, products match numpy."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from legorl_jax.models import decode_kernel
+from legorl_jax.models import cpu_kernels
 from legorl_jax.models.attention import paged_attention
 from legorl_jax.models.kv_cache import LayerView
 
 # CI has a compiler: there a kernel that failed to build fails these tests instead of skipping them.
 pytestmark = pytest.mark.skipif(
-    not decode_kernel.available() and os.environ.get("CI") != "true", reason="needs the CPU backend and a C++ compiler"
+    not cpu_kernels.available() and os.environ.get("CI") != "true", reason="needs the CPU backend and a C++ compiler"
 )
 
 
@@ -48,7 +48,7 @@ def _case(
 )
 def test_kernel_matches_the_xla_path(rows: int, heads: int, kv_heads: int, dim: int, width: int, steps: int) -> None:
     q, view, positions = _case(rows, heads, kv_heads, dim, width, steps)
-    got = jax.jit(decode_kernel.decode_attention)(q, view, positions)
+    got = jax.jit(cpu_kernels.decode_attention)(q, view, positions)
     want = jax.jit(paged_attention)(q, view, positions)
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
 
@@ -57,7 +57,7 @@ def test_kernel_matches_the_xla_path(rows: int, heads: int, kv_heads: int, dim: 
 def test_kernel_matches_with_bfloat16(q_dtype: str, kv_dtype: str) -> None:
     q, view, positions = _case(4, 9, 3, 64, 9, dtype=kv_dtype, seed=3)
     q = q.astype(q_dtype)
-    got = jax.jit(decode_kernel.decode_attention)(q, view, positions)
+    got = jax.jit(cpu_kernels.decode_attention)(q, view, positions)
     want = jax.jit(paged_attention)(q, view, positions)
     assert got.dtype == want.dtype == jnp.dtype(q_dtype)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=2e-2, rtol=0)
@@ -72,7 +72,7 @@ def test_keys_past_a_query_are_never_read() -> None:
         for s in range(position + 1, table.shape[1] * 32):
             k[1, :, table[row, s // 32], s % 32] = v[1, :, table[row, s // 32], s % 32] = np.nan
     poisoned = LayerView(k=jnp.asarray(k), v=jnp.asarray(v), layer=view.layer, table=view.table)
-    got = np.asarray(decode_kernel.decode_attention(q, poisoned, positions))
+    got = np.asarray(cpu_kernels.decode_attention(q, poisoned, positions))
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, paged_attention(q, view, positions), atol=2e-6, rtol=1e-5)
 
@@ -82,4 +82,26 @@ def test_a_bad_table_is_clamped_not_read_out_of_bounds() -> None:
     q, view, positions = _case(2, 4, 2, 64, 3)
     bad = LayerView(k=view.k, v=view.v, layer=jnp.int32(7), table=jnp.asarray([[10**6, -5, 2], [1, 2, 10**9]]))
     far = jnp.asarray([[10**6], [-(10**6)]], jnp.int32)
-    assert np.isfinite(np.asarray(decode_kernel.decode_attention(q, bad, far))).all()
+    assert np.isfinite(np.asarray(cpu_kernels.decode_attention(q, bad, far))).all()
+
+
+@pytest.mark.parametrize(("rows", "k", "n"), [(1, 576, 192), (3, 100, 33), (8, 1024, 64), (9, 64, 7), (32, 576, 50)])
+def test_decode_matmul_is_the_product_with_hf_layout_weights(rows: int, k: int, n: int) -> None:
+    # Odd column counts, a K that no vector width divides and rows past one register pass are the edges.
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, k), np.float32)
+    weight = rng.standard_normal((n, k), np.float32)
+    got = np.asarray(jax.jit(cpu_kernels.decode_matmul)(jnp.asarray(x), jnp.asarray(weight)))
+    np.testing.assert_allclose(got, x.astype(np.float64) @ weight.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+    # Leading axes are the rows, as a [B, T, D] activation has them.
+    batched = cpu_kernels.decode_matmul(jnp.asarray(x[:, None, :]), jnp.asarray(weight))
+    assert batched.shape == (rows, 1, n)
+
+
+def test_decode_matmul_takes_only_few_float32_rows() -> None:
+    weight = jnp.ones((4, 8), jnp.float32)
+    assert cpu_kernels.matmul_fits(jnp.ones((2, 8), jnp.float32), weight)
+    assert not cpu_kernels.matmul_fits(jnp.ones((cpu_kernels.MATMUL_MAX_ROWS + 1, 8), jnp.float32), weight)
+    assert not cpu_kernels.matmul_fits(jnp.ones((2, 8), jnp.bfloat16), weight.astype(jnp.bfloat16))
+    with pytest.raises(ValueError, match="decode_matmul"):
+        cpu_kernels.decode_matmul(jnp.ones((2, 8), jnp.bfloat16), weight)
