@@ -67,6 +67,13 @@ inline float fast_exp(float x) {
   return x < -87.0f ? 0.0f : p * scale;
 }
 
+// Asks for the cache lines of `count` elements from `p` (a hint; never faults).
+template <typename T>
+inline void prefetch(const T* p, int64_t count) {
+  const char* bytes = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < count * int64_t{sizeof(T)}; b += 64) __builtin_prefetch(bytes + b);
+}
+
 struct Shape {
   int64_t batch, steps, heads, head_dim;          // q [B, T, N, H]
   int64_t kv_heads, num_blocks, block_size;       // pool [L, K, NB, BS, H]
@@ -125,16 +132,20 @@ void attend_pair(const Shape& s, int64_t b, int64_t kv, const Q* q, const KV* k_
     const int64_t entry = table[b * s.width + position / s.block_size];
     return (layer_base + std::min<int64_t>(std::max<int64_t>(entry, 0), s.num_blocks - 1)) * block_floats;
   };
-  // Scores, four keys at a time per query: four independent sums keep the FMA units busy.
+  // Scores, four keys at a time for every query (four independent sums keep the
+  // FMA units busy). Each group of keys prefetches the same rows of the next
+  // block, the values' first block after the last: the pool's blocks are
+  // scattered, so the hardware's prefetch restarts at each one.
   for (int64_t start = 0; start < span; start += s.block_size) {
     const int64_t count = std::min(s.block_size, span - start);
+    const KV* ahead = start + s.block_size < span ? k_pool + block_start(start + s.block_size) : v_pool + block_start(0);
     const float* keys = block_rows(k_pool + block_start(start), count * h_dim, scratch.block.data());
-    for (int64_t r = 0; r < queries; ++r) {
-      const float* qr = qs + r * h_dim;
-      float* out_row = scores + r * span + start;
-      int64_t i = 0;
-      for (; i + 4 <= count; i += 4) {
-        const float *k0 = keys + i * h_dim, *k1 = k0 + h_dim, *k2 = k1 + h_dim, *k3 = k2 + h_dim;
+    int64_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+      prefetch(ahead + i * h_dim, 4 * h_dim);
+      const float *k0 = keys + i * h_dim, *k1 = k0 + h_dim, *k2 = k1 + h_dim, *k3 = k2 + h_dim;
+      for (int64_t r = 0; r < queries; ++r) {
+        const float* qr = qs + r * h_dim;
         float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
 #pragma omp simd reduction(+ : d0, d1, d2, d3)
         for (int64_t h = 0; h < h_dim; ++h) {
@@ -143,14 +154,18 @@ void attend_pair(const Shape& s, int64_t b, int64_t kv, const Q* q, const KV* k_
           d2 += qr[h] * k2[h];
           d3 += qr[h] * k3[h];
         }
-        out_row[i] = d0, out_row[i + 1] = d1, out_row[i + 2] = d2, out_row[i + 3] = d3;
+        float* out_row = scores + r * span + start + i;
+        out_row[0] = d0, out_row[1] = d1, out_row[2] = d2, out_row[3] = d3;
       }
-      for (; i < count; ++i) {
-        const float* key = keys + i * h_dim;
+    }
+    for (; i < count; ++i) {
+      const float* key = keys + i * h_dim;
+      for (int64_t r = 0; r < queries; ++r) {
+        const float* qr = qs + r * h_dim;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t h = 0; h < h_dim; ++h) dot += qr[h] * key[h];
-        out_row[i] = dot;
+        scores[r * span + start + i] = dot;
       }
     }
   }
@@ -171,18 +186,32 @@ void attend_pair(const Shape& s, int64_t b, int64_t kv, const Q* q, const KV* k_
     std::fill(row + reach, row + span, 0.0f);
     scratch.totals[r] = total;
   }
-  // Values: each read once, added into the accumulator of every query that reaches it.
+  // Values: each read once, four at a time added into the accumulator of every
+  // query that reaches them (one load and store of it per four values).
   for (int64_t start = 0; start < span; start += s.block_size) {
     const int64_t count = std::min(s.block_size, span - start);
+    const bool last = start + s.block_size >= span;
+    const KV* ahead = last ? nullptr : v_pool + block_start(start + s.block_size);
     const float* values = block_rows(v_pool + block_start(start), count * h_dim, scratch.block.data());
-    for (int64_t i = 0; i < count; ++i) {
-      const float* value = values + i * h_dim;
+    for (int64_t i = 0; i < count; i += 4) {
+      if (!last) prefetch(ahead + i * h_dim, 4 * h_dim);
+      const float *v0 = values + i * h_dim, *v1 = v0 + h_dim, *v2 = v1 + h_dim, *v3 = v2 + h_dim;
       for (int64_t r = 0; r < queries; ++r) {
-        if (start + i > seen[r]) continue;  // a stale value past the query may be anything, even NaN
-        const float weight = scores[r * span + start + i];
+        // A stale value past the query may be anything, even NaN: never touch one.
+        const int64_t reach = std::min<int64_t>(seen[r] + 1 - start - i, std::min<int64_t>(4, count - i));
+        const float* w = scores + r * span + start + i;
         float* a = acc + r * h_dim;
+        if (reach == 4) {
+          const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
 #pragma omp simd
-        for (int64_t h = 0; h < h_dim; ++h) a[h] += weight * value[h];
+          for (int64_t h = 0; h < h_dim; ++h) a[h] += w0 * v0[h] + w1 * v1[h] + w2 * v2[h] + w3 * v3[h];
+        } else {
+          for (int64_t j = 0; j < reach; ++j) {
+            const float* value = v0 + j * h_dim;
+#pragma omp simd
+            for (int64_t h = 0; h < h_dim; ++h) a[h] += w[j] * value[h];
+          }
+        }
       }
     }
   }
