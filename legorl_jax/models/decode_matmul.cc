@@ -36,10 +36,28 @@ inline Vec load(const float* p) {
   return v;
 }
 
-inline float total(Vec v) {
-  float s = 0.0f;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
+typedef int IVec __attribute__((vector_size(kLanes * sizeof(int))));
+
+// The lane totals of a and b in a few shuffles (a sum lane by lane would be
+// a chain of scalar adds, a large part of a short product's time): fold the
+// halves of a and b into one vector, then swap and add lanes until each half
+// holds one total.
+inline void totals(Vec a, Vec b, float& sa, float& sb) {
+#if defined(__AVX512F__)
+  const IVec low = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const IVec high = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const IVec swaps[] = {{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+                        {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+                        {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}};
+#else
+  const IVec low = {0, 1, 2, 3, 8, 9, 10, 11};
+  const IVec high = {4, 5, 6, 7, 12, 13, 14, 15};
+  const IVec swaps[] = {{2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6}};
+#endif
+  Vec v = __builtin_shuffle(a, b, low) + __builtin_shuffle(a, b, high);
+  for (const IVec& swap : swaps) v += __builtin_shuffle(v, swap);
+  sa = v[0];
+  sb = v[kLanes / 2];
 }
 
 // Columns n and n + 1 (when two) of R rows of y: the weight rows are read once, from memory.
@@ -61,7 +79,8 @@ void columns(const float* x, const float* w, float* y, int64_t K, int64_t N, int
     }
   }
   for (int r = 0; r < R; ++r) {
-    float s0 = total(a0[r]), s1 = total(a1[r]);
+    float s0, s1;
+    totals(a0[r], a1[r], s0, s1);
     for (int64_t k = body; k < K; ++k) {
       s0 += x[r * K + k] * w0[k];
       s1 += x[r * K + k] * w1[k];
