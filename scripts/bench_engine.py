@@ -67,15 +67,15 @@ import numpy as np  # noqa: E402
 SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-135m": dict(
         arch="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
-        head_dim=64, intermediate_size=1536,
+        head_dim=64, intermediate_size=1536, max_position_embeddings=8192,
     ),
     "qwen3-0.6b": dict(
         arch="qwen3", vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
-        head_dim=128, intermediate_size=3072,
+        head_dim=128, intermediate_size=3072, max_position_embeddings=40960,
     ),
     "tiny": dict(
         arch="qwen3", vocab_size=8192, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-        head_dim=32, intermediate_size=768,
+        head_dim=32, intermediate_size=768, max_position_embeddings=4096,
     ),
 }  # fmt: skip
 
@@ -142,21 +142,26 @@ def engine_generate(engine: Any, prompts: list[list[int]], new_tokens: int) -> f
 
 
 class EngineSide:
-    """The engine at `load_served_model` defaults but for its context, which
-    grows past the default 4,096 positions to fit the longest row asked for."""
+    """The engine at `legorl serve`'s defaults (`load_served_model`'s) but for
+    its context, which grows past the checkpoint's to fit the longest row asked for."""
 
     def __init__(self, args: argparse.Namespace, model_dir: Path) -> None:
         import jax
 
         from legorl_jax.models.kv_cache import kv_bytes_per_token
-        from legorl_jax.serve.loader import load_served_model
+        from legorl_jax.serve.loader import DEFAULT_MAX_NUM_SEQS, load_served_model, trained_context
 
         self.args = args
-        max_len = max(4096, args.prompt_tokens + args.new_tokens, args.long_prompt + 1, args.episode_tokens)
-        budget = int(args.kv_cache_gb * 1e9) if args.kv_cache_gb else None
-        self.served = load_served_model(
-            model_dir, max_slots=max(args.batches, default=1), max_len=max_len, kv_cache_memory_bytes=budget
-        )
+        # Only what differs from the defaults is passed.
+        overrides: dict[str, Any] = {}
+        needed = max(args.prompt_tokens + args.new_tokens, args.long_prompt + 1, args.episode_tokens)
+        if needed > trained_context(model_dir):
+            overrides["max_len"] = needed
+        if max(args.batches, default=0) > DEFAULT_MAX_NUM_SEQS:
+            overrides["max_slots"] = max(args.batches)
+        if args.kv_cache_gb:
+            overrides["kv_cache_memory_bytes"] = int(args.kv_cache_gb * 1e9)
+        self.served = load_served_model(model_dir, **overrides)
         self.engine = self.served.engine
         self.vocab = self.served.config.vocab_size
         self.rss_start_gb = peak_rss_gb()

@@ -37,10 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None, help="model id clients send (default: the --model path)")
-    parser.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together")
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together (default: 32)")
     parser.add_argument(
-        "--max-model-len", type=int, default=32768,
-        help="context length (prompt + completion); costs nothing until used: memory is the KV pool",
+        "--max-model-len", type=int, default=None,
+        help="context length (prompt + completion; default: the checkpoint's max_position_embeddings, as vLLM); "
+        "costs nothing until used: memory is the KV pool",
     )  # fmt: skip
     parser.add_argument("--max-chunk", type=int, default=512, help="largest prefill chunk per step")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")

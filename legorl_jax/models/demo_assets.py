@@ -76,6 +76,7 @@ def build_tiny_hf_model(
     num_kv_heads: int = 2,
     head_dim: int = 16,
     intermediate_size: int = 128,
+    max_position_embeddings: int = _MAX_POSITIONS,
     tie_word_embeddings: bool = True,
     seed: int = 0,
     tokenizer_dir: str | Path | None = None,
@@ -86,7 +87,9 @@ def build_tiny_hf_model(
 
     The tokenizer is the demo tokenizer unless `tokenizer_dir` names one to copy.
     `vocab_size` defaults to the tokenizer's length; a larger value pads the
-    embedding as real checkpoints do. `num_experts*` apply to `qwen3_moe` only.
+    embedding as real checkpoints do; `max_position_embeddings` is the context
+    the checkpoint says it was trained for (an engine's default context).
+    `num_experts*` apply to `qwen3_moe` only.
     Same arguments, same weights.
     """
     if arch not in SUPPORTED_ARCHS:
@@ -98,6 +101,7 @@ def build_tiny_hf_model(
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
         num_experts=num_experts,
         num_experts_per_tok=num_experts_per_tok,
     )
@@ -140,7 +144,7 @@ def build_tiny_hf_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         intermediate_size=intermediate_size,
-        max_position_embeddings=_MAX_POSITIONS,
+        max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
         bos_token_id=endoftext_id,
         eos_token_id=im_end_id,

@@ -65,6 +65,17 @@ class ServedModel:
             return version
 
 
+def trained_context(path: Path) -> int:
+    """The checkpoint's max_position_embeddings: the default context, as vLLM's."""
+    try:
+        value = json.loads((path / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"{path}: cannot read config.json: {exc}") from exc
+    if not isinstance(value, int) or value < 1:
+        raise WeightsError(f"{path}: config.json has no max_position_embeddings; give the context (--max-model-len)")
+    return value
+
+
 def _load(path: Path, dtype: DType) -> tuple[Any, Any, Any]:
     if not (path / "config.json").is_file():
         raise WeightsError(f"{path}: not an HF model directory (no config.json)")
@@ -108,6 +119,9 @@ def max_chunk_for(slots: int, vocab: int, requested: int) -> int:
     return max(1, min(requested, LOGITS_BUDGET_BYTES // (4 * slots * vocab)))
 
 
+# Sequences decoded together unless told (vLLM's --max-num-seqs).
+DEFAULT_MAX_NUM_SEQS = 32
+
 # The default pool's least size: a small model's weights would leave room for a
 # request or two, and its rollouts would queue; every slot at full length still caps it.
 KV_FLOOR_BYTES = 512 * 2**20
@@ -131,8 +145,8 @@ def pool_blocks(state: Any, config: Any, kv_dtype: str, budget: int | None, slot
 def load_served_model(
     model_dir: str | Path,
     *,
-    max_slots: int = 32,
-    max_len: int = 4096,
+    max_slots: int = DEFAULT_MAX_NUM_SEQS,
+    max_len: int | None = None,
     max_chunk: int = 512,
     dtype: DType = "float32",
     kv_cache_dtype: str = "auto",
@@ -142,7 +156,9 @@ def load_served_model(
 ) -> ServedModel:
     """Builds and starts the engine for an HF directory (weights + tokenizer).
 
-    kv_cache_dtype "auto" keeps K/V in the compute dtype; kv_cache_memory_bytes
+    max_len None serves the context the checkpoint was trained for (its
+    config's max_position_embeddings), as vLLM does. kv_cache_dtype "auto"
+    keeps K/V in the compute dtype; kv_cache_memory_bytes
     is the pool's size (default: the weights' size, 512 MiB or one max_len
     sequence, whichever is most). Requests beyond what the
     pool holds wait for blocks. enable_prefix_caching off: every prompt
@@ -150,6 +166,7 @@ def load_served_model(
     from legorl_jax.models import init_kv_cache
 
     path = Path(model_dir)
+    max_len = max_len or trained_context(path)
     graphdef, state, config = _load(path, dtype)
     # Before the pool: what reading and converting the checkpoint used goes
     # back to the system instead of staying in the heap beside the pool.
