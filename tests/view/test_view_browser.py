@@ -73,7 +73,7 @@ def run_dir(trained_run: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "chromium"
     for flag in CHROMIUM_FLAGS + ["--window-size=1400,1000"]:
@@ -87,6 +87,16 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def browser(chromium: WebDriver) -> WebDriver:
+    """The shared browser with a blank page and an empty console log: the last
+    test's page went on polling its stopped viewer, and those refused
+    connections are no error of this test's page."""
+    chromium.get("about:blank")
+    chromium.get_log("browser")
+    return chromium
 
 
 @contextmanager
