@@ -166,8 +166,8 @@ def load_served_model(
     from legorl_jax.models import init_kv_cache
 
     path = Path(model_dir)
+    graphdef, state, config = _load(path, dtype)  # first: it names a directory without config.json
     max_len = max_len or trained_context(path)
-    graphdef, state, config = _load(path, dtype)
     # Before the pool: what reading and converting the checkpoint used goes
     # back to the system instead of staying in the heap beside the pool.
     release_freed_memory()
