@@ -173,8 +173,10 @@ class Trainer:
             self.step, self.version, rng = restored.step, restored.policy_version, restored.rng
             sampler.restore(restored.cursor.get("sampler", {}))
             log.info("resumed from checkpoint at step %d (policy version %d)", self.step, self.version)
-        runlog = RunLog(self.run_dir, resume_step=self.step, tensorboard=cfg.logging.tensorboard)
-        self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=self.step, tokens=cfg.logging.rollout_tokens)
+        # Without a checkpoint nothing of an earlier attempt counts, its step-0 evaluation included.
+        kept = self.step if restored is not None else -1
+        runlog = RunLog(self.run_dir, resume_step=kept, tensorboard=cfg.logging.tensorboard)
+        self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=kept, tokens=cfg.logging.rollout_tokens)
         weights_dir = cfg.fleet.weights_dir or self.run_dir / "weights"
         # The engines sample in the learner's compute dtype: publishing in it halves the bytes of f32 masters.
         publisher = DirectoryPublisher(
@@ -207,8 +209,6 @@ class Trainer:
                 if self.step == 0:
                     await self._evaluate(run)
                 await self._steps(run)
-                if self.step % cfg.tasks.eval_every != 0:
-                    await self._evaluate(run)
         finally:
             progress.close()
             checkpoints.wait()
@@ -277,8 +277,6 @@ class Trainer:
                 published = await publish_weights(run.publisher, run.subscribers, learner.model(), self.version + 1)
                 self.version = published.version
                 may_start.release()
-                cursor = {"sampler": sampler.cursor}
-                run.checkpoints.save(learner, policy_version=self.version, rng=run.rng, cursor=cursor)
                 record = {
                     "step": self.step,
                     "kind": "train",
@@ -302,12 +300,17 @@ class Trainer:
                 run.runlog.show(record, run.progress.write)
                 run.progress.update(1)
                 run.progress.set_postfix(reward=f"{record.get('reward/mean', 0.0):.3f}")
-                if self.step % cfg.tasks.eval_every == 0:
+                if self.step % cfg.tasks.eval_every == 0 or self.step == cfg.total_steps:
                     pass_rate = await self._evaluate(run)
                     run.progress.write(f"eval @ step {self.step}: pass rate {pass_rate:.3f}")
-            if run.checkpoints.latest_step() != learner.step:
+                # Last: a checkpoint at this step means every log line of the step is on disk, and a
+                # run killed before it resumes one step back with those lines cut away.
                 run.checkpoints.save(
-                    learner, policy_version=self.version, rng=run.rng, cursor={"sampler": sampler.cursor}, force=True
+                    learner,
+                    policy_version=self.version,
+                    rng=run.rng,
+                    cursor={"sampler": sampler.cursor},
+                    force=self.step == cfg.total_steps,
                 )
         finally:
             if producer is not None:

@@ -2,8 +2,10 @@
 step; eval records carry `eval_pass_rate`), TensorBoard event files, and a
 one-line-per-step table on the console.
 
-On resume the metrics file is cut back to the restored step, so a step that
-ran after the last checkpoint and is run again appears once, not twice.
+On resume the metrics file is cut back to the restored step (to nothing when
+no checkpoint was restored), so a step that ran after the last checkpoint and
+is run again appears once, not twice. The loop saves a step's checkpoint after
+all of the step's lines, so a restored step's lines are all there.
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ def test_prompt_longer_than_context_is_a_400(engine: Any) -> None:
     err = _error(post(engine, "/v1/completions", {"prompt": [5] * 90, "max_tokens": 10}), 400)
     assert "100 tokens" in err["message"]
     # The engine still serves after rejecting.
-    assert complete(engine, max_tokens=1)["finish_reason"] == "length"
+    assert complete(engine, max_tokens=1, ignore_eos=True)["finish_reason"] == "length"
 
 
 def test_max_tokens_default_fills_the_context(engine: Any) -> None:
@@ -225,7 +225,7 @@ def test_max_tokens_default_fills_the_context(engine: Any) -> None:
 )
 def test_bad_requests_get_vllm_shaped_400s(engine: Any, body: dict[str, Any], param: str) -> None:
     assert _error(post(engine, "/v1/completions", body), 400)["param"] == param
-    assert complete(engine, max_tokens=1)["finish_reason"] == "length"  # still serving
+    assert complete(engine, max_tokens=1, ignore_eos=True)["finish_reason"] == "length"  # still serving
 
 
 @pytest.mark.parametrize(
@@ -278,7 +278,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_recovers(engine: Any, m
     monkeypatch.setattr(engine.served.engine, "_step", FailingOnce(engine.served.engine._step))
     err = _error(post(engine, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3}), 500)
     assert "injected step failure" in err["message"]
-    assert len(complete(engine, max_tokens=3)["token_ids"]) == 3
+    assert len(complete(engine, max_tokens=3, ignore_eos=True)["token_ids"]) == 3
 
 
 def test_a_fault_packing_a_step_fails_only_that_steps_requests(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -303,7 +303,7 @@ def test_a_fault_packing_a_step_fails_only_that_steps_requests(engine: Any, monk
         core.resume()
     failed = [r for r in replies if r.status_code != 200]
     assert len(failed) == slots and all("injected step failure" in _error(r, 500)["message"] for r in failed)
-    assert len(complete(engine, max_tokens=3)["token_ids"]) == 3
+    assert len(complete(engine, max_tokens=3, ignore_eos=True)["token_ids"]) == 3
     assert httpx.get(engine.url + "/health").status_code == 200
 
 

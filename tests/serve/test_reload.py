@@ -93,7 +93,7 @@ def test_pause_abort_ends_in_flight_requests_cleanly(engine: Any, client: SyncEn
     assert sum(len(c["token_ids"]) for c in choices) < 80
     assert httpx.get(engine.url + "/is_paused").json()["is_paused"] is True
     httpx.post(engine.url + "/resume")
-    assert client.complete(PROMPT, max_tokens=2)[0].finish_reason == "length"
+    assert client.complete(PROMPT, max_tokens=2, ignore_eos=True)[0].finish_reason == "length"
 
 
 def test_requests_sent_while_paused_wait_for_resume(engine: Any, client: SyncEngineClient) -> None:
@@ -130,7 +130,7 @@ def test_failed_reload_keeps_serving_the_old_version(engine: Any, client: SyncEn
     assert response.status_code == 400 and response.json()["error"]["param"] == "method"
     assert engine.served.engine.weight_version == version
     assert httpx.get(engine.url + "/is_paused").json()["is_paused"] is False
-    assert client.complete(PROMPT, max_tokens=2)[0].finish_reason == "length"
+    assert client.complete(PROMPT, max_tokens=2, ignore_eos=True)[0].finish_reason == "length"
 
 
 def test_reload_of_another_architecture_is_refused(

@@ -78,7 +78,7 @@ def test_a_failed_pause_still_resumes(engine: ManagedEngine, client: SyncEngineC
         client.update_weights(str(other_weights_dir))
     assert httpx.get(f"{engine.url}/is_paused").json() == {"is_paused": False}
     assert _state(engine)["params"] == before and engine.installed() != str(other_weights_dir)
-    assert len(client.complete(PROMPT, max_tokens=2)[0].token_ids) == 2  # serving, not stuck paused
+    assert len(client.complete(PROMPT, max_tokens=2, ignore_eos=True)[0].token_ids) == 2  # serving, not stuck paused
 
 
 def test_a_failed_reload_is_reported_and_the_previous_weights_served(
