@@ -86,6 +86,20 @@ def _device_step(
     return cache, out
 
 
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+    """One step shape's program with its weights and inputs bound: what a
+    benchmark inspects (`program.memory_analysis()`) and times (`run`)."""
+
+    program: Any  # jax.stages.Compiled
+    leaves: list[jax.Array]
+    arrays: dict[str, np.ndarray]
+
+    def run(self, cache: Any) -> tuple[Any, dict[str, jax.Array]]:
+        """(new cache, outputs); the cache passed in is donated."""
+        return self.program(self.leaves, cache, self.arrays)
+
+
 class DeviceStep:
     """Compiled engine step for one model graph. Weights (`state`) are an
     argument, so a reload with the same architecture reuses the compilation."""
@@ -113,15 +127,22 @@ class DeviceStep:
             self._treedef = treedef
         self._state, self._leaves = state, leaves
 
+    def compiled(
+        self, state: nnx.State, cache: Any, inputs: StepInputs, want_top: bool, want_prompt: bool
+    ) -> CompiledStep:
+        """The program `__call__` would compile for these shapes, compiled apart from its cache."""
+        if state is not self._state:
+            self._adopt(state)
+        arrays = _arrays(inputs)
+        program = self._jitted.lower(self._leaves, cache, arrays, want_top, want_prompt).compile()
+        return CompiledStep(program, self._leaves, arrays)
+
     def __call__(
         self, state: nnx.State, cache: Any, inputs: StepInputs, want_top: bool, want_prompt: bool
     ) -> tuple[Any, StepOutputs]:
         if state is not self._state:
             self._adopt(state)
-        # Host arrays go to the jitted call as they are: its C++ dispatch moves
-        # them to the device, cheaper than one jnp.asarray each.
-        arrays = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
-        cache, out = self._jitted(self._leaves, cache, arrays, want_top, want_prompt)
+        cache, out = self._jitted(self._leaves, cache, _arrays(inputs), want_top, want_prompt)
         # One device->host transfer per step for the whole batch.
         host = jax.device_get(out)
         return cache, StepOutputs(
@@ -134,3 +155,9 @@ class DeviceStep:
             prompt_top_ids=host.get("prompt_top_ids"),
             prompt_top_logprobs=host.get("prompt_top_logprobs"),
         )
+
+
+def _arrays(inputs: StepInputs) -> dict[str, np.ndarray]:
+    # Host arrays go to the jitted call as they are: its C++ dispatch moves
+    # them to the device, cheaper than one jnp.asarray each.
+    return {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
