@@ -309,7 +309,9 @@ class TasksConfig(Strict):
         "evaluate (the project's hand-written demo tasks are served too).",
     )
     demo_variants: DemoVariantsConfig = DemoVariantsConfig()
-    eval_every: int = Field(10, gt=0)
+    eval_every: int = Field(
+        10, gt=0, description="Evaluate on the held-out tasks before the first step, every N steps and after the last."
+    )
     location_roots: list[str] = Field(
         [],
         description="Directories a rollout server loads a Rollout request's TaskRef.location from, besides the "
