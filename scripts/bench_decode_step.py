@@ -13,7 +13,9 @@ rows' blocks are scattered through the pool, as they are in an engine that
 has run a while. Then `--repeats` rounds alternate the variants, each round
 timing `--steps` steps of each; the medians and the XLA-alone/kernels ratio
 are printed. Attention alone (every layer's, no projections) is timed the
-same way.
+same way, and so are the step's products alone (every projection and the LM
+head on the model's own weights): the kernel against torch's `linear` (MKL,
+what transformers runs), in the same rounds.
 
     .venv/bin/python scripts/bench_decode_step.py --shape smollm2-135m --rows 8 --positions 560
 """
@@ -48,6 +50,7 @@ from legorl_jax.models import cpu_kernels, from_hf, init_kv_cache  # noqa: E402
 from legorl_jax.models.attention import paged_attention  # noqa: E402
 from legorl_jax.models.demo_assets import build_tiny_hf_model  # noqa: E402
 from legorl_jax.models.kv_cache import LayerView  # noqa: E402
+from legorl_jax.models.linear import Linear  # noqa: E402
 from legorl_jax.serve.loader import BLOCK_SIZE  # noqa: E402
 
 
@@ -130,8 +133,15 @@ def main() -> int:
     attends = {"kernels": attention(cpu_kernels.decode_attention), "xla": attention(paged_attention)}
     for fn in attends.values():
         jax.block_until_ready(fn(cache))
+    products = step_products(model, args.rows)
+    for product in products.values():
+        product()
 
-    rows: dict[str, dict[str, list[float]]] = {"decode step": {}, "attention, all layers": {}}
+    rows: dict[str, dict[str, list[float]]] = {
+        "decode step": {},
+        "attention, all layers": {},
+        "products, all layers": {},
+    }
     for _ in range(args.repeats):
         for name in variants:
 
@@ -145,6 +155,8 @@ def main() -> int:
                 rows["attention, all layers"].setdefault(name, []).append(
                     timed(functools.partial(attends[name], cache), args.steps)
                 )
+        for name, product in products.items():
+            rows["products, all layers"].setdefault(name, []).append(timed(product, args.steps))
     print(
         f"shape {args.shape}: {args.rows} rows x 1 new token at {args.positions} positions "
         f"({width} scattered blocks a row); medians of {args.repeats} rounds of {args.steps} steps"
@@ -153,8 +165,35 @@ def main() -> int:
     for label, times in rows.items():
         medians = {name: statistics.median(runs) for name, runs in times.items()}
         cells = "".join(f"{medians[name]:16.1f}" if name in medians else f"{'':16}" for name in variants)
-        print(f"{label:24}{cells}{medians['xla'] / medians['kernels']:15.2f}x")
+        if "xla" in medians:
+            print(f"{label:24}{cells}{medians['xla'] / medians['kernels']:15.2f}x")
+    products_ms = {name: statistics.median(runs) for name, runs in rows["products, all layers"].items()}
+    kernel_ms, torch_ms = products_ms["kernels"], products_ms["torch"]
+    print(
+        f"products alone (every projection and the LM head, {args.rows} rows): kernel {kernel_ms:.1f} ms, "
+        f"torch linear (MKL) {torch_ms:.1f} ms, torch / kernel {torch_ms / kernel_ms:.2f}x"
+    )
     return 0
+
+
+def step_products(model: Any, rows: int) -> dict[str, Callable[[], Any]]:
+    """One decode step's products, each on `rows` random rows: by the kernel (one jitted call) and by torch."""
+    import torch
+
+    matrices = [node.weight[...] for _, node in nnx.iter_graph(model) if isinstance(node, Linear)]
+    matrices.append(model.output_embedding())
+    rng = np.random.default_rng(1)
+    inputs = {k: rng.standard_normal((rows, k), np.float32) for k in {int(w.shape[1]) for w in matrices}}
+    x = {k: jnp.asarray(v) for k, v in inputs.items()}
+    kernel = jax.jit(lambda ws: [cpu_kernels.decode_matmul(x[int(w.shape[1])], w) for w in ws])
+    torch_x = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    torch_w = [torch.from_numpy(np.array(w)) for w in matrices]
+
+    def by_torch() -> list[Any]:
+        with torch.inference_mode():
+            return [torch.nn.functional.linear(torch_x[int(w.shape[1])], w) for w in torch_w]
+
+    return {"kernels": lambda: kernel(matrices), "torch": by_torch}
 
 
 if __name__ == "__main__":

@@ -4,13 +4,18 @@
 // At a few rows each weight element is used M times, so the product is bound
 // by reading W; XLA's CPU dot reads it well below the memory system's speed
 // at these shapes. Here each thread streams whole rows of W (contiguous, as
-// stored), two at a time, against up to kRows rows of x held in cache, and the
-// output columns are shared between the caller and XLA's intra-op pool. The
-// LM head ([V, D] embedding) is the same product.
+// stored), a few side by side, against a few rows of x held in registers, and
+// runs of column tiles are shared between the caller and XLA's intra-op pool.
+// Past a few rows (32 in a full decode step) the product is bound by the FMAs
+// instead, so it takes wider register blocks, and while it works on a tile
+// from L2 it brings the next tile in from memory. The LM head ([V, D]
+// embedding) is the same product.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "cpu_pool.h"
 #include "xla/ffi/api/ffi.h"
@@ -19,14 +24,20 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// Lanes of one vector register and rows of x per pass: 2 x kRows accumulators
-// plus two weight vectors fit the register file (32 with AVX-512, 16 without).
+// Lanes of one vector register, and the register blocks: C weight rows
+// (output columns) by R rows of x take C x R accumulators, C weight vectors
+// and one x vector, within the register file (32 with AVX-512, 16 without).
+// Up to kNarrowRows rows the product is bound by reading W, and 2 x 8 reads
+// it in the fewest passes; past that it is bound by the FMAs, and 4 x 6 does
+// 24 of them per 10 loads where 2 x 8 does 16.
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;
-constexpr int kRows = 8;
+constexpr int kNarrowCols = 2, kNarrowRows = 8;
+constexpr int kWideCols = 4, kWideRows = 6;
 #else
 constexpr int kLanes = 8;
-constexpr int kRows = 4;
+constexpr int kNarrowCols = 2, kNarrowRows = 4;
+constexpr int kWideCols = 2, kWideRows = 4;
 #endif
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
@@ -60,51 +71,85 @@ inline void totals(Vec a, Vec b, float& sa, float& sb) {
   sb = v[kLanes / 2];
 }
 
-// Columns n and n + 1 (when two) of R rows of y: the weight rows are read once, from memory.
-template <int R>
-void columns(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t n, bool two) {
-  const float* w0 = w + n * K;
-  const float* w1 = two ? w0 + K : w0;
-  Vec a0[R], a1[R];
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = Vec{};
+// A run of cache lines to bring into L2 a line at a time, spread through a block's loop.
+struct Lookahead {
+  const char* next;
+  const char* end;
+};
+
+// Columns n .. n + C - 1 of R rows of y: the C weight rows are read once, side by side.
+template <int C, int R>
+void block(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t n, Lookahead& ahead) {
+  const float* wc[C];
+  for (int c = 0; c < C; ++c) wc[c] = w + (n + c) * K;
+  Vec acc[C][R];
+  for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r) acc[c][r] = Vec{};
   const int64_t body = K - K % kLanes;
   for (int64_t k = 0; k < body; k += kLanes) {
-    __builtin_prefetch(w0 + k + 256);
-    __builtin_prefetch(w1 + k + 256);
-    const Vec v0 = load(w0 + k), v1 = load(w1 + k);
+    Vec v[C];
+    for (int c = 0; c < C; ++c) {
+      __builtin_prefetch(wc[c] + k + 256);
+      v[c] = load(wc[c] + k);
+    }
+    if (ahead.next < ahead.end) {
+      __builtin_prefetch(ahead.next, 0, 2);
+      ahead.next += 64;
+    }
     for (int r = 0; r < R; ++r) {
       const Vec xv = load(x + r * K + k);
-      a0[r] += xv * v0;
-      a1[r] += xv * v1;
+      for (int c = 0; c < C; ++c) acc[c][r] += xv * v[c];
     }
   }
   for (int r = 0; r < R; ++r) {
-    float s0, s1;
-    totals(a0[r], a1[r], s0, s1);
-    for (int64_t k = body; k < K; ++k) {
-      s0 += x[r * K + k] * w0[k];
-      s1 += x[r * K + k] * w1[k];
+    for (int c = 0; c < C; c += 2) {
+      const int d = c + 1 < C ? c + 1 : c;  // an odd C sums its last column twice and keeps one
+      float s0, s1;
+      totals(acc[c][r], acc[d][r], s0, s1);
+      for (int64_t k = body; k < K; ++k) {
+        s0 += x[r * K + k] * wc[c][k];
+        s1 += x[r * K + k] * wc[d][k];
+      }
+      y[r * N + n + c] = s0;
+      y[r * N + n + d] = s1;
     }
-    y[r * N + n] = s0;
-    if (two) y[r * N + n + 1] = s1;
   }
 }
 
-using ColumnsFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, bool);
+using BlockFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, Lookahead&);
 
-#if defined(__AVX512F__)
-constexpr ColumnsFn kByRows[kRows + 1] = {nullptr,    columns<1>, columns<2>, columns<3>, columns<4>,
-                                          columns<5>, columns<6>, columns<7>, columns<8>};
-#else
-constexpr ColumnsFn kByRows[kRows + 1] = {nullptr, columns<1>, columns<2>, columns<3>, columns<4>};
-#endif
+// block<C, R> for R = 1 .. sizeof(Rs), indexed by R.
+template <int C, int... Rs>
+constexpr std::array<BlockFn, sizeof...(Rs) + 1> by_rows(std::integer_sequence<int, Rs...>) {
+  return {nullptr, block<C, Rs + 1>...};
+}
+constexpr auto kNarrow = by_rows<kNarrowCols>(std::make_integer_sequence<int, kNarrowRows>());
+constexpr auto kWide = by_rows<kWideCols>(std::make_integer_sequence<int, kWideRows>());
+constexpr auto kSingle = by_rows<1>(std::make_integer_sequence<int, std::max(kNarrowRows, kWideRows)>());
 
-// Columns [n0, n1) of all M rows, kRows rows of x at a time (they stay in L1):
-// the first pass reads the tile's weights from memory, later passes from L2.
-void tile(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1) {
-  for (int64_t m = 0; m < M; m += kRows) {
-    const ColumnsFn columns_of = kByRows[std::min<int64_t>(kRows, M - m)];
-    for (int64_t n = n0; n < n1; n += 2) columns_of(x + m * K, w, y + m * N, K, N, n, n + 1 < n1);
+// Columns [n0, n1) of all M rows, a register block's rows of x at a time (they
+// stay in L1): the first pass reads the tile's weights from memory, later passes
+// from L2. Later passes also bring the weights of columns [n1, n2), the
+// caller's next tile, into L2, so its first pass does not wait on memory.
+// Passes take even shares of the rows: 32 rows run as 6, 6, 5, 5, 5, 5, not
+// five of 6 and one of 2, whose blocks do half the FMAs per load.
+void tile(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
+          int64_t n2) {
+  const bool wide = M > kNarrowRows;
+  const int most = wide ? kWideRows : kNarrowRows, cols = wide ? kWideCols : kNarrowCols;
+  const int64_t passes = (M + most - 1) / most;
+  const int64_t bytes = (n2 - n1) * K * int64_t{sizeof(float)};
+  const char* next = reinterpret_cast<const char*>(w + n1 * K);
+  const int64_t share = passes > 1 ? (bytes + passes - 2) / (passes - 1) : 0;
+  Lookahead ahead{next, next};
+  for (int64_t m = 0, pass = 0; pass < passes; ++pass) {
+    if (pass > 0) ahead.end = next + std::min(pass * share, bytes);
+    const int64_t r = M / passes + (pass < M % passes ? 1 : 0);
+    const BlockFn blocks_of = wide ? kWide[r] : kNarrow[r];
+    int64_t n = n0;
+    for (; n + cols <= n1; n += cols) blocks_of(x + m * K, w, y + m * N, K, N, n, ahead);
+    for (; n < n1; ++n) kSingle[r](x + m * K, w, y + m * N, K, N, n, ahead);
+    m += r;
   }
 }
 
@@ -126,9 +171,16 @@ ffi::Error decode_matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   // little), of at most 256 KB of weights, so that later row passes find them in L2.
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t fit = (256 << 10) / (K * int64_t{sizeof(float)});
-  const int64_t width = std::max<int64_t>(2, std::min(N / (4 * threads), fit) & ~int64_t{1});
-  legorl::parallel_for(pool, (N + width - 1) / width, [=](int64_t t) {
-    tile(xp, wp, yp, M, K, N, t * width, std::min(N, t * width + width));
+  // A work item is a run of consecutive tiles, so each tile knows the next one it will read.
+  const int64_t width = std::max<int64_t>(4, std::min(N / (4 * threads), fit) & ~int64_t{3});
+  const int64_t tiles = (N + width - 1) / width;
+  const int64_t per_item = (tiles + 4 * threads - 1) / (4 * threads);
+  legorl::parallel_for(pool, (tiles + per_item - 1) / per_item, [=](int64_t item) {
+    const int64_t last = std::min(tiles, item * per_item + per_item);
+    for (int64_t t = item * per_item; t < last; ++t) {
+      const int64_t n0 = t * width, n1 = std::min(N, n0 + width);
+      tile(xp, wp, yp, M, K, N, n0, n1, t + 1 < last ? std::min(N, n1 + width) : n1);
+    }
   });
   return ffi::Error::Success();
 }

@@ -85,9 +85,12 @@ def test_a_bad_table_is_clamped_not_read_out_of_bounds() -> None:
     assert np.isfinite(np.asarray(cpu_kernels.decode_attention(q, bad, far))).all()
 
 
-@pytest.mark.parametrize(("rows", "k", "n"), [(1, 576, 192), (3, 100, 33), (8, 1024, 64), (9, 64, 7), (32, 576, 50)])
+@pytest.mark.parametrize(
+    ("rows", "k", "n"), [(1, 576, 192), (3, 100, 33), (8, 1024, 64), (9, 64, 7), (13, 100, 130), (32, 576, 50)]
+)
 def test_decode_matmul_is_the_product_with_hf_layout_weights(rows: int, k: int, n: int) -> None:
-    # Odd column counts, a K that no vector width divides and rows past one register pass are the edges.
+    # Odd column counts, a K that no vector width divides, rows past one register pass and a
+    # work item of several tiles (13 x 130: the second tile's weights are prefetched) are the edges.
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, k), np.float32)
     weight = rng.standard_normal((n, k), np.float32)
