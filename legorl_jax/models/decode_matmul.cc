@@ -167,11 +167,12 @@ ffi::Error decode_matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
     std::fill(yp, yp + M * N, 0.0f);
     return ffi::Error::Success();
   }
-  // Even column tiles, about four per thread (a thread that starts late costs
-  // little), of at most 256 KB of weights, so that later row passes find them in L2.
+  // Even column tiles of at most 256 KB of weights, so that later row passes
+  // find them in L2, in about four work items per thread (a thread that starts
+  // late costs little). An item is a run of consecutive tiles, so each tile
+  // knows the next one its thread will read.
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t fit = (256 << 10) / (K * int64_t{sizeof(float)});
-  // A work item is a run of consecutive tiles, so each tile knows the next one it will read.
   const int64_t width = std::max<int64_t>(4, std::min(N / (4 * threads), fit) & ~int64_t{3});
   const int64_t tiles = (N + width - 1) / width;
   const int64_t per_item = (tiles + 4 * threads - 1) / (4 * threads);
