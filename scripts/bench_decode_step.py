@@ -137,11 +137,8 @@ def main() -> int:
     for product in products.values():
         product()
 
-    rows: dict[str, dict[str, list[float]]] = {
-        "decode step": {},
-        "attention, all layers": {},
-        "products, all layers": {},
-    }
+    rows: dict[str, dict[str, list[float]]] = {"decode step": {}, "attention, all layers": {}}
+    product_runs: dict[str, list[float]] = {name: [] for name in products}
     for _ in range(args.repeats):
         for name in variants:
 
@@ -156,7 +153,7 @@ def main() -> int:
                     timed(functools.partial(attends[name], cache), args.steps)
                 )
         for name, product in products.items():
-            rows["products, all layers"].setdefault(name, []).append(timed(product, args.steps))
+            product_runs[name].append(timed(product, args.steps))
     print(
         f"shape {args.shape}: {args.rows} rows x 1 new token at {args.positions} positions "
         f"({width} scattered blocks a row); medians of {args.repeats} rounds of {args.steps} steps"
@@ -165,10 +162,8 @@ def main() -> int:
     for label, times in rows.items():
         medians = {name: statistics.median(runs) for name, runs in times.items()}
         cells = "".join(f"{medians[name]:16.1f}" if name in medians else f"{'':16}" for name in variants)
-        if "xla" in medians:
-            print(f"{label:24}{cells}{medians['xla'] / medians['kernels']:15.2f}x")
-    products_ms = {name: statistics.median(runs) for name, runs in rows["products, all layers"].items()}
-    kernel_ms, torch_ms = products_ms["kernels"], products_ms["torch"]
+        print(f"{label:24}{cells}{medians['xla'] / medians['kernels']:15.2f}x")
+    kernel_ms, torch_ms = (statistics.median(product_runs[name]) for name in ("kernels", "torch"))
     print(
         f"products alone (every projection and the LM head, {args.rows} rows): kernel {kernel_ms:.1f} ms, "
         f"torch linear (MKL) {torch_ms:.1f} ms, torch / kernel {torch_ms / kernel_ms:.2f}x"
