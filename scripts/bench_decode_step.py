@@ -4,8 +4,8 @@
 products) against the same step on XLA alone, in one process, on random
 weights at a real model's shape.
 
-Three variants compile the model's KV-cache forward (`CausalLM.decode`, layers
-unstacked as the engine serves them): with the kernels; XLA alone as the
+Three variants compile the model's KV-cache forward (`CausalLM.decode`, set up
+as the engine serves it): with the kernels; XLA alone as the
 engine runs without them (projections stored [in, out]); and XLA alone on
 HF's [out, in] layout (which layout XLA prefers differs between CPUs). Each
 runs `--rows` rows of one new token at `--positions` cached positions; the
@@ -86,7 +86,7 @@ def main() -> int:
         for name, (at_setup, _) in variants.items():
             cpu_kernels.available = real if at_setup else (lambda: False)
             models[name] = from_hf(checkpoint)
-            models[name].unstack_layers()  # as the engine serves it
+            models[name].prepare_for_serving()  # as the engine serves it
             cpu_kernels.available = real
     model = models["kernels"]
     config = model.config
@@ -175,14 +175,19 @@ def step_products(model: Any, rows: int) -> dict[str, Callable[[], Any]]:
     """One decode step's products, each on `rows` random rows: by the kernel (one jitted call) and by torch."""
     import torch
 
-    matrices = [node.weight[...] for _, node in nnx.iter_graph(model) if isinstance(node, Linear)]
-    matrices.append(model.output_embedding())
+    # Each layer's projections are read in place from their stacks, as a serving step reads them.
+    stacks = [node.weight[...] for _, node in nnx.iter_graph(model) if isinstance(node, Linear)]
+    products = [(w, layer) for w in stacks for layer in range(int(w.shape[0]))]
+    products.append((model.output_embedding(), 0))
     rng = np.random.default_rng(1)
-    inputs = {k: rng.standard_normal((rows, k), np.float32) for k in {int(w.shape[1]) for w in matrices}}
+    inputs = {k: rng.standard_normal((rows, k), np.float32) for k in {int(w.shape[-1]) for w, _ in products}}
     x = {k: jnp.asarray(v) for k, v in inputs.items()}
-    kernel = jax.jit(lambda ws: [cpu_kernels.decode_matmul(x[int(w.shape[1])], w) for w in ws])
+    matrices, layers = [w for w, _ in products], [i for _, i in products]
+    kernel = jax.jit(
+        lambda ws: [cpu_kernels.decode_matmul(x[int(w.shape[-1])], w, i) for w, i in zip(ws, layers, strict=True)]
+    )
     torch_x = {k: torch.from_numpy(v) for k, v in inputs.items()}
-    torch_w = [torch.from_numpy(np.array(w)) for w in matrices]
+    torch_w = [torch.from_numpy(np.array(w if w.ndim == 2 else w[i])) for w, i in products]
 
     def by_torch() -> list[Any]:
         with torch.inference_mode():

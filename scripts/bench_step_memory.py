@@ -90,7 +90,7 @@ def main() -> int:
         subprocess.run([sys.executable, "-c", build], cwd=REPO, check=True, capture_output=True)
         runtime = resident_mb()
         model = from_hf(model_dir)
-        model.unstack_layers()  # as the engine serves
+        model.prepare_for_serving()  # as the engine serves
         graphdef, state = nnx.split(model)
         config = model.config
         del model

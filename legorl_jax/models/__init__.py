@@ -27,7 +27,8 @@ Public API (import from `legorl_jax.models`):
   - `model.config: ModelConfig`.
 - `init_kv_cache(config, blocks, block_size, dtype=None) -> KVCache` (k, v:
   [layers, kv_heads, blocks, block_size, head_dim]); `kv_cache.kv_bytes_per_token`;
-  `model.unstack_layers()` (serving: one array per layer and weight).
+  `model.prepare_for_serving()` (the engine's steps: projections read in place from
+  the layer stack, decode products on the CPU kernels).
 - `token_logprobs(model, tokens, *, positions=None, segment_ids=None,
   temperature=1.0, chunk_size=256) -> float32[B, T-1]`: log p(tokens[:, 1:]),
   computed over chunks of `chunk_size` tokens so [B, T, V] float32 logits

@@ -67,13 +67,20 @@ def matmul_fits(x: jax.Array, weight: jax.Array) -> bool:
     return x.dtype == weight.dtype == jnp.float32 and 0 < rows <= MATMUL_MAX_ROWS and available()
 
 
-def decode_matmul(x: jax.Array, weight: jax.Array) -> jax.Array:
-    """x[..., K] @ weight[N, K].T by the kernel (float32; see `matmul_fits`)."""
-    if not matmul_fits(x, weight):
-        raise ValueError(f"decode_matmul: float32 x of at most {MATMUL_MAX_ROWS} rows on the CPU kernels only")
+def decode_matmul(x: jax.Array, weight: jax.Array, layer: jax.Array | int = 0) -> jax.Array:
+    """x[..., K] @ weight[N, K].T by the kernel (float32; see `matmul_fits`).
+
+    weight may be a stack of layers' weights [L, N, K]: then layer `layer`'s is
+    read in place (a scanned step's weights are never sliced out of the stack).
+    """
+    if not matmul_fits(x, weight) or weight.ndim not in (2, 3):
+        raise ValueError(
+            f"decode_matmul: float32 x of at most {MATMUL_MAX_ROWS} rows and weight [N, K] or [L, N, K] "
+            "on the CPU kernels only"
+        )
     flat = x.reshape(-1, x.shape[-1])
-    call = jax.ffi.ffi_call("legorl_decode_matmul", jax.ShapeDtypeStruct((flat.shape[0], weight.shape[0]), x.dtype))
-    return call(flat, weight).reshape(*x.shape[:-1], weight.shape[0])
+    call = jax.ffi.ffi_call("legorl_decode_matmul", jax.ShapeDtypeStruct((flat.shape[0], weight.shape[-2]), x.dtype))
+    return call(flat, weight, jnp.asarray(layer, jnp.int32).reshape(1)).reshape(*x.shape[:-1], weight.shape[-2])
 
 
 @functools.cache

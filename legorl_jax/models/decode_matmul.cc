@@ -153,15 +153,23 @@ void tile(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_
   }
 }
 
+// w is one weight [N, K] or a stack of them [L, N, K], of which layer[0] is read
+// in place: a step scanning its layers passes every layer's weights whole, and
+// slicing one layer out would copy it on every step.
 ffi::Error decode_matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                         ffi::ResultBuffer<ffi::F32> y) {
+                         ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2 || xd[1] != wd[1] || yd[0] != xd[0] || yd[1] != wd[0]) {
-    return ffi::Error::InvalidArgument("decode_matmul: x [M, K], w [N, K] and y [M, N]");
+  const size_t r = wd.size();
+  if (xd.size() != 2 || (r != 2 && r != 3) || (r == 3 && wd[0] < 1) || layer.element_count() != 1 ||
+      yd.size() != 2 || xd[1] != wd[r - 1] || yd[0] != xd[0] || yd[1] != wd[r - 2]) {
+    return ffi::Error::InvalidArgument("decode_matmul: x [M, K], w [N, K] or [L, N, K], layer [1] and y [M, N]");
   }
-  const int64_t M = xd[0], K = xd[1], N = wd[0];
+  const int64_t M = xd[0], K = xd[1], N = wd[r - 2];
+  const int64_t layers = r == 3 ? wd[0] : 1;
+  // Clamped as XLA clamps a dynamic index: never a read outside the stack.
+  const int64_t at = std::min<int64_t>(std::max<int64_t>(layer.typed_data()[0], 0), layers - 1);
   const float* xp = x.typed_data();
-  const float* wp = w.typed_data();
+  const float* wp = w.typed_data() + at * N * K;
   float* yp = y->typed_data();
   if (K == 0) {
     std::fill(yp, yp + M * N, 0.0f);
@@ -193,4 +201,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LegorlDecodeMatmul, decode_matmul,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import nnx, struct
 
 from legorl_jax.models import cpu_kernels
 from legorl_jax.models.config import ModelConfig
+
+
+@struct.dataclass
+class StackedWeight:
+    """One layer's weight, left inside the stack of every layer's [L, ...].
+
+    A serving step scans its layers with the projections' weights held whole
+    (see `CausalLM.prepare_for_serving`): the decode kernel reads layer
+    `layer` in place, where slicing it out would copy it every step.
+    """
+
+    stack: jax.Array
+    layer: jax.Array
 
 
 class Linear(nnx.Module):
@@ -27,7 +40,7 @@ class Linear(nnx.Module):
         self.input_major = False
 
     def prepare_for_serving(self) -> None:
-        """Sets up the few-row products of decode steps (see `CausalLM.unstack_layers`).
+        """Sets up the few-row products of decode steps (see `CausalLM.prepare_for_serving`).
 
         With the CPU kernels, a step of few rows runs `decode_matmul`, which
         streams the weight in HF's layout. Without them the weight is stored
@@ -39,16 +52,17 @@ class Linear(nnx.Module):
             return
         self.serving = True
         if not cpu_kernels.available():
-            self.weight = nnx.Param(self.weight[...].T)  # a new row-major array
+            self.weight = nnx.Param(jnp.swapaxes(self.weight[...], -1, -2))  # a new row-major array
             self.input_major = True
 
     def __call__(self, x: jax.Array) -> jax.Array:
         cd = self.compute_dtype
-        x, weight = x.astype(cd), self.weight[...].astype(cd)
-        if self.input_major:
-            y = jnp.einsum("...i,io->...o", x, weight)
-        elif self.serving and cpu_kernels.matmul_fits(x, weight):
-            y = cpu_kernels.decode_matmul(x, weight)
+        x, value = x.astype(cd), self.weight.get_value()
+        if isinstance(value, StackedWeight) and not self.input_major and cpu_kernels.matmul_fits(x, value.stack):
+            y = cpu_kernels.decode_matmul(x, value.stack, value.layer)
         else:
-            y = jnp.einsum("...i,oi->...o", x, weight)
+            if isinstance(value, StackedWeight):
+                value = value.stack[value.layer]  # a prefill chunk: the copy is small beside its product
+            pattern = "...i,io->...o" if self.input_major else "...i,oi->...o"
+            y = jnp.einsum(pattern, x, value.astype(cd))
         return y if self.bias is None else y + self.bias[...].astype(cd)

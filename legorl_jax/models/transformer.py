@@ -1,9 +1,10 @@
 """The causal LM: embeddings, a scanned stack of decoder layers, final norm, LM head.
 
 Layer parameters carry a leading [num_layers] axis and one layer body runs under
-`jax.lax.scan`, so compile time does not grow with depth and the remat policy
-applies per layer. Training (`__call__`, `hidden`) and inference (`decode`)
-share `_run_layers`; they differ only in the mask and in carrying a KV cache.
+`jax.lax.scan`, so compile time and program size do not grow with depth and the
+remat policy applies per layer. Training (`__call__`, `hidden`) and inference
+(`decode`) share `_run_layers`; they differ in the mask, in carrying a KV
+cache, and (serving) in reading the projections' weights in place.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from legorl_jax.models import cpu_kernels
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.kv_cache import KVCache, LayerView
 from legorl_jax.models.layers import DecoderLayer, causal_segment_mask, rms_norm, segment_positions
-from legorl_jax.models.linear import Linear
+from legorl_jax.models.linear import Linear, StackedWeight
 from legorl_jax.models.moe import RouterStats, load_balancing_loss
 from legorl_jax.models.rope import rope_tables
 
@@ -49,7 +50,8 @@ class CausalLM(nnx.Module):
             param_dtype=config.param_dtype,
             rngs=rngs,
         )
-        self.layers: DecoderLayer | nnx.List = _stacked_layers(config, rngs)
+        self.layers = _stacked_layers(config, rngs)
+        self.serving = False
         self.norm = rms_norm(config, rngs, config.hidden_size)
         # Stored [V, D] like HF's lm_head.weight (and like a tied embedding), so
         # chunked logits never need a transposed copy of the biggest matrix.
@@ -65,42 +67,21 @@ class CausalLM(nnx.Module):
             )
         )
 
-    def unstack_layers(self) -> None:
-        """Holds each layer's weights as separate arrays, for serving.
+    def prepare_for_serving(self) -> None:
+        """Sets the model up for the engine's steps; logits are unchanged.
 
-        Training scans one stacked array per weight (one compiled layer, remat
-        per layer); a decode step over stacked weights copies each layer's
-        slice before its matmuls read it, which for a small batch costs more
-        than the matmuls. Unstacked, each step's program runs the layers one
-        after another on weights read in place, and the projections are set
-        up for the few rows of a decode step (`Linear.prepare_for_serving`).
-        Logits are unchanged.
+        The layers stay stacked and one layer body is scanned, so a step's
+        program holds one layer's code: it compiles in a fraction of the time
+        and memory of the layers unrolled. The projections' stacked weights
+        are not scanned over but handed whole to each layer with its index
+        (`StackedWeight`): XLA on CPU copies a scanned weight's slice before a
+        product reads it, which for a decode step's few rows costs more than
+        the product, while the decode kernel reads layer i in place.
         """
-        if isinstance(self.layers, nnx.List):
-            return
-        # One weight at a time, each stacked array dropped once sliced, then one
-        # layer at a time transposed: the copies never hold more than the
-        # weights and one array (loading a model to serve peaks there).
-        graphdef, params = nnx.split(self.layers)
-        self.layers = nnx.List([])
-        leaves, treedef = jax.tree.flatten(params)
-        del params
-        count = self.config.num_layers
-        slices = []
-        while leaves:
-            stacked = leaves.pop(0)
-            slices.append([stacked[i] for i in range(count)])
-            del stacked
-        layers = []
-        for i in range(count):
-            layer = nnx.merge(graphdef, jax.tree.unflatten(treedef, [weight[i] for weight in slices]))
-            for weight in slices:
-                weight[i] = None
-            for _, module in nnx.iter_graph(layer):
-                if isinstance(module, Linear):
-                    module.prepare_for_serving()
-            layers.append(layer)
-        self.layers = nnx.List(layers)
+        self.serving = True
+        for _, module in nnx.iter_graph(self.layers):
+            if isinstance(module, Linear):
+                module.prepare_for_serving()
 
     def __call__(
         self, tokens: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None
@@ -184,7 +165,7 @@ class CausalLM(nnx.Module):
         if last is not None:
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)
         head = self.output_embedding()
-        if isinstance(self.layers, nnx.List) and cpu_kernels.matmul_fits(x, head):
+        if self.serving and cpu_kernels.matmul_fits(x, head):
             return cpu_kernels.decode_matmul(x, head), new_cache  # serving's few rows; the same float32 logits
         return project_logits(x, head), new_cache
 
@@ -214,26 +195,20 @@ class CausalLM(nnx.Module):
             return (x, (written.k, written.v)), stats
 
         x = self.embed_tokens(tokens)
-        if isinstance(self.layers, nnx.List):
-            # Unstacked (serving): each layer's weights are their own arrays, so
-            # the matmuls read them in place; slicing a stacked array each step
-            # would copy every weight once per step (XLA on CPU does). No remat:
-            # serving computes no gradients.
-            per_layer = []
-            for index, layer in enumerate(self.layers):
-                (x, pools), layer_stats = body((x, pools), layer, jnp.int32(index))
-                per_layer.append(layer_stats)
-            stats = None if per_layer[0] is None else jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
-        else:
-            graphdef, params = nnx.split(self.layers)
+        # Serving holds the projections' weights whole (see `prepare_for_serving`);
+        # everything else is scanned over, one layer's slice per step.
+        whole = {(*path, "weight") for path, node in nnx.iter_graph(self.layers) if isinstance(node, Linear)}
+        graphdef, *states = nnx.split(self.layers, lambda path, _: self.serving and path in whole, ...)
+        held, params = states
 
-            def scanned(carry: tuple[jax.Array, Any], xs: tuple[Any, jax.Array]) -> tuple[Any, Any]:
-                return body(carry, nnx.merge(graphdef, xs[0]), xs[1])
+        def scanned(carry: tuple[jax.Array, Any], xs: tuple[Any, jax.Array]) -> tuple[Any, Any]:
+            views = jax.tree.map(lambda stack: StackedWeight(stack, xs[1]), held)
+            return body(carry, nnx.merge(graphdef, views, xs[0]), xs[1])
 
-            if self.config.remat != "none":
-                scanned = jax.checkpoint(scanned, policy=_REMAT_POLICIES[self.config.remat], prevent_cse=False)
-            layer_index = jnp.arange(self.config.num_layers)
-            (x, pools), stats = jax.lax.scan(scanned, (x, pools), (params, layer_index))
+        if self.config.remat != "none" and not self.serving:
+            scanned = jax.checkpoint(scanned, policy=_REMAT_POLICIES[self.config.remat], prevent_cse=False)
+        layer_index = jnp.arange(self.config.num_layers)
+        (x, pools), stats = jax.lax.scan(scanned, (x, pools), (params, layer_index))
         new_cache = None if pools is None else KVCache(k=pools[0], v=pools[1])
         return self.norm(x), new_cache, stats
 

@@ -85,7 +85,7 @@ def _load(path: Path, dtype: DType) -> tuple[Any, Any, Any]:
         model = from_hf(path, dtype=dtype)
     except (CheckpointError, OSError, KeyError, ValueError) as exc:
         raise WeightsError(f"{path}: cannot load weights: {exc}") from exc
-    model.unstack_layers()  # the engine's steps read each layer's weights in place
+    model.prepare_for_serving()  # the engine's steps: decode kernels, weights read in place
     graphdef, state = nnx.split(model)
     return graphdef, state, model.config
 

@@ -101,6 +101,21 @@ def test_decode_matmul_is_the_product_with_hf_layout_weights(rows: int, k: int, 
     assert batched.shape == (rows, 1, n)
 
 
+def test_decode_matmul_reads_one_layer_of_a_stack_in_place() -> None:
+    # A scanned serving step hands every layer's weight [L, N, K] with a traced layer index.
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 72), np.float32)
+    stack = rng.standard_normal((3, 40, 72), np.float32)
+    each = jax.jit(lambda x, w, i: cpu_kernels.decode_matmul(x, w, i))
+    for layer in range(3):
+        got = np.asarray(each(jnp.asarray(x), jnp.asarray(stack), jnp.int32(layer)))
+        np.testing.assert_allclose(got, x.astype(np.float64) @ stack[layer].T.astype(np.float64), rtol=1e-5, atol=1e-4)
+    # Out of range is clamped as XLA clamps a dynamic index: never a read outside the stack.
+    for layer, nearest in ((7, 2), (-4, 0)):
+        got = np.asarray(each(jnp.asarray(x), jnp.asarray(stack), jnp.int32(layer)))
+        np.testing.assert_allclose(got, np.asarray(each(jnp.asarray(x), jnp.asarray(stack), jnp.int32(nearest))))
+
+
 def test_decode_matmul_takes_only_few_float32_rows() -> None:
     weight = jnp.ones((4, 8), jnp.float32)
     assert cpu_kernels.matmul_fits(jnp.ones((2, 8), jnp.float32), weight)
@@ -108,3 +123,5 @@ def test_decode_matmul_takes_only_few_float32_rows() -> None:
     assert not cpu_kernels.matmul_fits(jnp.ones((2, 8), jnp.bfloat16), weight.astype(jnp.bfloat16))
     with pytest.raises(ValueError, match="decode_matmul"):
         cpu_kernels.decode_matmul(jnp.ones((2, 8), jnp.bfloat16), weight)
+    with pytest.raises(ValueError, match=r"\[L, N, K\]"):
+        cpu_kernels.decode_matmul(jnp.ones((2, 8), jnp.float32), jnp.ones((1, 1, 4, 8), jnp.float32))

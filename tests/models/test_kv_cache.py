@@ -54,11 +54,11 @@ def _run_engine(
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
-@pytest.mark.parametrize(("chunk", "unstacked"), [(1, False), (4, False), (4, True)])
+@pytest.mark.parametrize(("chunk", "serving"), [(1, False), (4, False), (4, True)])
 def test_cached_decode_matches_full_forward(
-    arch: str, chunk: int, unstacked: bool, tiny_hf_checkpoint: Callable[[str], Path]
+    arch: str, chunk: int, serving: bool, tiny_hf_checkpoint: Callable[[str], Path]
 ) -> None:
-    """Also with the layers unstacked, as the engine serves them, against the stacked (training) forward."""
+    """Also set up as the engine serves (weights held whole, decode kernels), against the training forward."""
     model = from_hf(tiny_hf_checkpoint(arch))
     rng = np.random.default_rng(7)
     seqs = [rng.integers(0, VOCAB, n, dtype=np.int32) for n in (11, 5, 14, 3)]
@@ -68,9 +68,8 @@ def test_cached_decode_matches_full_forward(
     queues = [[seqs[0], seqs[3]], [seqs[1]], [seqs[2]]]
     batch, lens = padded_batch([queues[r][s] for r, s in keys])
     full = np.asarray(model(jnp.asarray(batch)))
-    if unstacked:
-        model.unstack_layers()
-        assert isinstance(model.layers, nnx.List) and len(model.layers) == model.config.num_layers
+    if serving:
+        model.prepare_for_serving()
         np.testing.assert_allclose(np.asarray(model(jnp.asarray(batch))), full, atol=1e-5, rtol=0)
     got = _run_engine(model, queues, delays=[0, 2, 1], chunk=chunk, max_len=16)
     assert sorted(got) == keys
@@ -137,3 +136,29 @@ def test_block_table_decode_shares_a_prefix_and_reads_only_its_window(
     # The last-position logits alone are what the engine samples from.
     last, _ = model.decode(jnp.asarray(second[None, 8:]), jnp.arange(8, 12)[None], cache, tables[1:], jnp.array([2]))
     np.testing.assert_allclose(np.asarray(last)[0, 0], full[1, 10], atol=1e-5, rtol=0)
+
+
+def test_a_serving_decode_step_reads_each_layers_weights_in_place(tiny_hf_checkpoint: Callable[[str], Path]) -> None:
+    """The step's program scans one layer body, and its products read the
+    stacked weights whole: no layer's projection is copied out of its stack."""
+    from legorl_jax.models import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("the CPU decode kernels are unavailable on this machine")
+    model = from_hf(tiny_hf_checkpoint("llama3"))
+    model.prepare_for_serving()
+    config = model.config
+    cache = init_kv_cache(config, batch=2, max_len=8)
+    graphdef, state = nnx.split(model)
+
+    def step(state: nnx.State, tokens: jax.Array, positions: jax.Array, cache: KVCache) -> jax.Array:
+        return nnx.merge(graphdef, state).decode(tokens, positions, cache)[0]
+
+    tokens, positions = jnp.ones((2, 1), jnp.int32), jnp.ones((2, 1), jnp.int32)
+    hlo = jax.jit(step).lower(state, tokens, positions, cache).compile().as_text()
+    stacked = f"f32[{config.num_layers},{config.num_heads * config.head_dim},{config.hidden_size}]"
+    assert "legorl_decode_matmul" in hlo and stacked in hlo
+    # Only one while loop runs the layers; a layer's q_proj [out, in] never exists as its own buffer.
+    assert hlo.count("while(") == 1
+    one_layer = f"f32[{config.num_heads * config.head_dim},{config.hidden_size}]"
+    assert one_layer not in hlo.replace(stacked, "")

@@ -51,7 +51,7 @@ def test_bad_step_shapes_are_refused_by_name() -> None:
 
 def test_a_step_compiled_apart_samples_what_the_engine_call_samples(tiny_model_dir: Path) -> None:
     model = from_hf(tiny_model_dir)
-    model.unstack_layers()
+    model.prepare_for_serving()
     graphdef, state = nnx.split(model)
     rows, chunk = 2, 4
     inputs = StepInputs(
