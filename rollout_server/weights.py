@@ -46,14 +46,13 @@ import math
 import shutil
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import tensorstore as ts
-from safetensors.numpy import save_file
 
 from legorl_jax.core import safetensors_io
 from legorl_jax.core.weight_delta import BaseMismatch, DeltaError, combine_sums, patch, tensor_sum, tensor_sums
@@ -236,7 +235,8 @@ class _Assembly:
         self.done: set[str] = set()
         self.received_bytes = 0
         self.manifest = Manifest.parse(self.files[MANIFEST_FILE], "header") if MANIFEST_FILE in self.files else None
-        self.sums: dict[str, bytes] = {}
+        # Each tensor is hashed in the background as soon as it is complete, while the next ones arrive.
+        self.sums: dict[str, Future[bytes]] = {}
 
     def add(self, chunk: pb.TensorChunk) -> str | None:
         """Stores one chunk; returns a file name once all of its tensors are in."""
@@ -276,19 +276,23 @@ class _Assembly:
             return None
         self.done.add(name)
         self.received_bytes += tensor.array.nbytes
+        if self.manifest is not None:
+            self.sums[name] = _hasher().submit(tensor_sum, name, tensor.array)
         waiting = self.pending[tensor.file]
         waiting.discard(name)
         return None if waiting else tensor.file
 
     def write_file(self, file: str) -> None:
         names = [n for n, f in self.weight_map.items() if f == file]
-        save_file({n: self.tensors[n].array for n in names}, self.tmp / file, metadata={"format": "pt"})
+        safetensors_io.save_file({n: self.tensors[n].array for n in names}, self.tmp / file)
         for n in names:
-            if self.manifest is not None:
-                self.sums[n] = tensor_sum(n, self.tensors[n].array)
             if self.keep_arrays:
                 self.arrays[n] = self.tensors[n].array
             del self.tensors[n]
+
+    def tensor_sums(self) -> dict[str, bytes]:
+        """Every received tensor's `tensor_sum`, once hashed."""
+        return {name: future.result() for name, future in self.sums.items()}
 
     def finish(self) -> None:
         missing = sorted(set(self.weight_map) - self.done)
@@ -296,7 +300,7 @@ class _Assembly:
             raise WeightTransferError(f"stream ended with {len(missing)} tensors incomplete or missing: {missing[:5]}")
         if self.total_size is not None and self.total_size != self.received_bytes:
             raise WeightTransferError(f"index says {self.total_size} bytes in total, received {self.received_bytes}")
-        if self.manifest is not None and combine_sums(self.sums) != self.manifest.digest:
+        if self.manifest is not None and combine_sums(self.tensor_sums()) != self.manifest.digest:
             raise WeightTransferError(f"received tensors do not match the digest of version {self.manifest.version}")
         for name, data in self.files.items():
             (self.tmp / name).write_bytes(data)
@@ -348,7 +352,7 @@ async def receive_stream(
         final = dest_root / version_dir_name(assembly.version)
         install_directory(tmp, final)
     if memory is not None and assembly.manifest is not None:  # checked against its digest in finish()
-        memory.hold(Held(final, assembly.manifest.digest, assembly.arrays, assembly.sums))
+        memory.hold(Held(final, assembly.manifest.digest, assembly.arrays, assembly.tensor_sums()))
     prune_versions(dest_root, keep, final)
     return assembly.version, final
 

@@ -21,6 +21,15 @@ tensors were kept in memory) against patching the tensors held in memory
 (`ServedTensors`), alternated, medians; the engine stand-in's reload
 (reading the new directory) and the result's digest for scale.
 
+Last, the floor (`--floor-repeats`): the parts every publish must do on
+this machine whatever the transport, each timed alone in this process and
+alternated with the raw copy: the export (cast to bf16 and device to host:
+here the device is this CPU), the bit comparison with the previous version
+(positions of the changed elements, the least a delta encoder does), the
+digest (SHA-256 of every tensor, parallel), the write of the full files
+and their read back (what an engine that reloads from a directory needs).
+Their sums bound what any implementation can reach here against the targets.
+
 All N hosts share this machine's cores with the learner, so per-host CPU
 work (patching, hashing, writing, reloading) adds up with N here, where a
 real fleet gives every host its own.
@@ -46,13 +55,16 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
+from legorl_jax.core import safetensors_io
 from legorl_jax.core.weight_delta import read_header, tensor_sums
 from legorl_jax.core.weight_layout import DELTA_FILE, read_manifest, read_tensors
 from legorl_jax.models import CausalLM
 from legorl_jax.models.config import ModelConfig
+from legorl_jax.models.hf_io import _hf_tensors
 from legorl_jax.train.publish import DirectoryPublisher
 from legorl_jax.train.weight_stream import WeightStreamer
 from rollout_server.served_tensors import Held, ServedTensors
@@ -216,6 +228,49 @@ def host_install(size: str, scratch: Path, repeats: int) -> dict[str, float]:
     return {**{k: statistics.median(v) for k, v in times.items()}, "rehashed": changed_bytes / header.total}
 
 
+def floor(size: str, scratch: Path, repeats: int) -> dict[str, float]:
+    """Median seconds of each part every publish does here, alternated with a
+    raw copy of the full bf16 files (see the module docstring)."""
+    steps = learner_steps(size, 1)
+    # Exported before the step: it donates the parameters the model before it holds.
+    before = dict(_hf_tensors(next(steps)[0], jnp.dtype("bfloat16")))
+    trained = next(steps)[0]
+    files, out = scratch / "floor-files", scratch / "floor-write"
+    files.mkdir()
+    safetensors_io.save_file(before, files / "model.safetensors")
+
+    def export() -> None:
+        dict(_hf_tensors(trained, jnp.dtype("bfloat16")))
+
+    after = dict(_hf_tensors(trained, jnp.dtype("bfloat16")))
+
+    def compare() -> None:
+        for name, array in after.items():
+            np.flatnonzero(array.view(np.uint16) != before[name].view(np.uint16))
+
+    def write() -> None:
+        out.mkdir(exist_ok=True)
+        safetensors_io.save_file(after, out / "model.safetensors")
+
+    parts = {
+        "export": export,
+        "compare": compare,
+        "digest": lambda: tensor_sums(after),
+        "write": write,
+        "read": lambda: read_tensors(out),
+    }
+    times: dict[str, list[float]] = {"copy": [], **{name: [] for name in parts}}
+    for _ in range(repeats):
+        times["copy"].append(raw_copy_s(files, scratch / "floor-raw", repeat=1)[0])
+        for name, part in parts.items():
+            started = time.monotonic()
+            part()
+            times[name].append(time.monotonic() - started)
+        shutil.rmtree(out)
+    shutil.rmtree(files)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100m,400m")
@@ -223,6 +278,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3, help="learner steps (delta versions) per fleet size")
     parser.add_argument("--full-every", type=int, default=8)
     parser.add_argument("--install-repeats", type=int, default=6, help="host delta installs per mode (0: none)")
+    parser.add_argument("--floor-repeats", type=int, default=6, help="floor measurements, alternated (0: none)")
     args = parser.parse_args()
     counts = [int(n) for n in args.hosts.split(",")]
     jax.config.update("jax_default_matmul_precision", "float32")
@@ -255,6 +311,18 @@ def main() -> int:
                       f"{h['memory']:.3f} s ({h['memory'] / h['disk']:.2f}x); reload of the result "
                       f"{h['reload']:.3f} s, its digest {h['digest']:.3f} s (medians of {args.install_repeats}); "
                       f"tensors the delta changed hold {100 * h['rehashed']:.1f}% of the elements",
+                      flush=True)  # fmt: skip
+            if args.floor_repeats:
+                f = floor(size, scratch, args.floor_repeats)
+                ratio = {name: seconds / f["copy"] for name, seconds in f.items()}
+                print(
+                    f"floor (medians of {args.floor_repeats}, x one raw copy of {f['copy']:.3f} s): "
+                    + ", ".join(f"{name} {f[name]:.3f} s ({ratio[name]:.2f}x)" for name in f if name != "copy")
+                )
+                print(f"  a delta step does at least export + compare: {ratio['export'] + ratio['compare']:.2f}x "
+                      f"(target 0.3x); a full version export + write + read: "
+                      f"{ratio['export'] + ratio['write'] + ratio['read']:.2f}x (target 2x), "
+                      f"{ratio['export'] + ratio['write'] + ratio['read'] + ratio['digest']:.2f}x with its digest",
                       flush=True)  # fmt: skip
     return 0
 
