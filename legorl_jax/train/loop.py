@@ -36,7 +36,7 @@ from legorl_jax.train.checkpoint import Checkpointer
 from legorl_jax.train.evaluate import evaluate
 from legorl_jax.train.groups import GroupSampler, HarnessChoice, group_spec, harness_choice
 from legorl_jax.train.plot import plot_run
-from legorl_jax.train.publish import DirectoryPublisher, WeightSubscribers, publish_weights
+from legorl_jax.train.publish import DirectoryPublisher, PublishStats, WeightSubscribers, publish_weights
 from legorl_jax.train.rollout_log import RolloutLog
 from legorl_jax.train.run_log import RunLog
 from legorl_jax.train.sharding import learner_mesh
@@ -287,6 +287,7 @@ class Trainer:
                     "time/learner_s": learner_s,
                     "time/publish_s": published.publish_s,
                     "time/reload_s": published.load_s,
+                    **_publish_metrics(run.publisher.last, published.version),
                     "throughput/tokens_per_s": assembled.metrics.get("rollout/completion_tokens", 0.0)
                     / max(batch.rollout_s, 1e-9),
                 }
@@ -321,3 +322,12 @@ class Trainer:
 
 def _progress(total: int, done: int, enabled: bool):
     return tqdm(total=total, initial=done, desc="train", unit="step", disable=not enabled, dynamic_ncols=True)
+
+
+def _publish_metrics(stats: PublishStats | None, version: int) -> dict[str, float]:
+    """What publishing `version` sent: the fraction of stored elements that changed
+    (1.0 for a full checkpoint) and the bytes a server serving the version before
+    fetches. Only process 0 writes, so elsewhere there is nothing to report."""
+    if stats is None or stats.version != version:
+        return {}
+    return {"weights/changed_frac": stats.changed_fraction, "weights/bytes": float(stats.nbytes)}

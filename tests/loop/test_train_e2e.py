@@ -100,6 +100,10 @@ def test_sigkill_then_rerun_continues_without_losing_or_repeating_steps(model_di
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit())[-1] == "4"
 
 
+def du(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.iterdir())
+
+
 @pytest.mark.parametrize("deltas", [False, True], ids=["full", "deltas-relayed"])
 def test_streamed_weights_to_a_chosen_directory(model_dir: Path, tmp_path: Path, deltas: bool) -> None:
     """weights_transport=stream: the fleet loads every version over StreamWeights, not from the path;
@@ -124,3 +128,8 @@ def test_streamed_weights_to_a_chosen_directory(model_dir: Path, tmp_path: Path,
     train = [r for r in records if r.get("kind") == "train"]
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["time/publish_s"] > 0 and r["time/reload_s"] > 0 for r in train)
+    # What each step published: a server serving the version before fetches the delta, else the whole directory.
+    changed = [r["weights/changed_frac"] for r in train]
+    fetched = (weights / "v00000002" / "delta.bin").stat().st_size if deltas else du(weights / "v00000002")
+    assert train[-1]["weights/bytes"] == fetched
+    assert all(0.0 <= c <= 1.0 for c in changed) if deltas else changed == [1.0, 1.0], changed
