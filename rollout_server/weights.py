@@ -29,11 +29,16 @@ and only the tensors it changed are rehashed (the others keep their checked
 sums). The order stays: patch, write the new directory while hashing, check
 the digest, rename it into place, and only then may the engine reload it
 and the host report it; the engine reloads from that directory, so the write
-stays on the path to serving.
+stays on the path to serving. To make it cheap, a version is written
+over the files of a version directory that installing it prunes anyway
+(never the delta's base, never the one served), whose pages the page cache
+still holds.
 
 Both build the directory under a hidden temporary name and rename it into place
 only when it is complete, so the engine never sees a half-written version and a
-failed transfer leaves nothing behind. Older versions are pruned to `keep`.
+failed transfer leaves nothing behind. Older versions are pruned to `keep`, but
+the directory the engine serves from is kept until it has moved off it (a host
+catching up installs several versions first).
 Blocking calls (`resolve_location`) belong in a worker thread under asyncio.
 """
 
@@ -43,9 +48,10 @@ import asyncio
 import functools
 import hashlib
 import math
+import os
 import shutil
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -97,12 +103,19 @@ def _hasher() -> ThreadPoolExecutor:
 
 
 def install_delta(
-    base: Path, blob: bytes, dest_root: Path, keep: int = DEFAULT_KEEP, memory: ServedTensors | None = None
+    base: Path,
+    blob: bytes,
+    dest_root: Path,
+    keep: int = DEFAULT_KEEP,
+    memory: ServedTensors | None = None,
+    served: Path | None = None,
 ) -> tuple[int, Path]:
     """Patches the weights of `base` with a delta blob into a new directory under
     `dest_root`, installed only once its digest matches; returns (version, directory).
     With `memory` holding `base`'s tensors they are patched instead of read from
-    disk, and the new version's are held there once it is installed."""
+    disk, and the new version's are held there once it is installed. The
+    directory the engine `served` from stays whole (it may be another than
+    `base` while a host catches up) until the engine has moved off it."""
     manifest = read_manifest(base)
     if manifest is None:
         raise WeightBaseMismatch(f"{base} has no {MANIFEST_FILE}; a delta applies only to published weights")
@@ -119,15 +132,18 @@ def install_delta(
     # while the files are written. A mismatch discards them before anything is installed.
     changed = None if held is None else [t["name"] for t in header.tensors if t["changed"]]
     sums = _hasher().submit(tensor_sums, tensors, changed)
-    with _staged(dest_root, version_dir_name(header.version)) as tmp:
+    label = version_dir_name(header.version)
+    with _staged(dest_root, label, reuse=_doomed(dest_root, label, keep, {base, served})) as tmp:
         by_file: dict[str, list[str]] = {}
         for name, file in weight_files(base).items():
             by_file.setdefault(file, []).append(name)
+        sides = [p for p in base.iterdir() if p.is_file() and not p.name.endswith(".safetensors")]
+        sides = [p for p in sides if p.name != MANIFEST_FILE]
+        _clear_except(tmp, [*by_file, *(p.name for p in sides), MANIFEST_FILE])
         for file, names in by_file.items():
             safetensors_io.save_file({n: tensors[n] for n in names}, tmp / file)
-        for side in base.iterdir():
-            if side.is_file() and not side.name.endswith(".safetensors") and side.name != MANIFEST_FILE:
-                shutil.copyfile(side, tmp / side.name)
+        for side in sides:
+            shutil.copyfile(side, tmp / side.name)
         (tmp / MANIFEST_FILE).write_bytes(Manifest(header.version, header.digest).to_bytes())
         new_sums = {**({} if held is None else held.sums), **sums.result()}
         if combine_sums(new_sums) != header.digest:
@@ -136,30 +152,56 @@ def install_delta(
         install_directory(tmp, final)
     if memory is not None:
         memory.hold(Held(final, header.digest, tensors, new_sums))
-    prune_versions(dest_root, keep, final)
+    prune_versions(dest_root, keep, final, served)
     return header.version, final
 
 
-def prune_versions(root: Path, keep: int, current: Path) -> None:
-    """Keeps `current` and the newest `keep - 1` other directories; removes the
-    rest and the debris of dead transfers."""
+def prune_versions(root: Path, keep: int, current: Path, served: Path | None = None) -> None:
+    """Keeps `current` and the newest `keep - 1` other directories, and always
+    the one the engine still `served` from; removes the rest and the debris of
+    dead transfers."""
     entries = [p for p in root.iterdir() if p.is_dir()]
     debris = [p for p in entries if p.name.startswith(TMP_PREFIX) and p not in _ACTIVE]
-    versions = sorted(
-        (p for p in entries if not p.name.startswith(TMP_PREFIX) and p != current),
-        key=lambda p: p.stat().st_mtime,
-        reverse=True,
-    )
-    for stale in debris + versions[max(keep - 1, 0) :]:
-        shutil.rmtree(stale, ignore_errors=True)
+    stale = _versions_newest_first(root, but={current})[max(keep - 1, 0) :]
+    for path in debris + [p for p in stale if p != served]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _versions_newest_first(root: Path, but: set[Path | None]) -> list[Path]:
+    versions = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX) and p not in but]
+    # Ties (directories made within one tick of the clock) go by name: v{version:08d} sorts by version.
+    return sorted(versions, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+
+
+def _doomed(root: Path, label: str, keep: int, protected: set[Path | None]) -> Path | None:
+    """A version directory that installing version `label` will prune anyway (as
+    `prune_versions` will), never a `protected` one (the delta's base, the one
+    served): the new version is written over its files, whose pages the page
+    cache still holds (`safetensors_io.save_file`)."""
+    if not root.is_dir():
+        return None
+    pruned = _versions_newest_first(root, but={root / label})[max(keep - 1, 0) :]
+    doomed = [p for p in pruned if p not in protected]
+    return doomed[-1] if doomed else None
+
+
+def _clear_except(directory: Path, names: Iterable[str]) -> None:
+    """Removes what a reused directory holds beyond the files about to be written."""
+    for stale in set(directory.iterdir()) - {directory / name for name in names}:
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
 
 
 @contextmanager
-def _staged(root: Path, label: str) -> Iterator[Path]:
-    """A fresh staging directory under `root` for one version: pruning leaves it
-    alone while it is filled, and a failure removes it (nothing partial stays)."""
+def _staged(root: Path, label: str, reuse: Path | None = None) -> Iterator[Path]:
+    """A staging directory under `root` for one version, fresh or `reuse`d (moved
+    here, its files to be overwritten): pruning leaves it alone while it is
+    filled, and a failure removes it (nothing partial stays)."""
     tmp = root / f"{TMP_PREFIX}{label}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
+    if reuse is None:
+        tmp.mkdir(parents=True)
+    else:
+        reuse.rename(tmp)
+        os.utime(tmp)  # pruning orders versions by this time: it is now the newest
     _ACTIVE.add(tmp)
     try:
         yield tmp
@@ -231,6 +273,7 @@ class _Assembly:
             if not _plain_name(file, "index file").endswith(".safetensors"):
                 raise WeightTransferError(f"index maps {name} to {file!r}, not a .safetensors file")
             self.pending.setdefault(file, set()).add(name)
+        _clear_except(tmp, [*self.pending, *self.files])
         self.tensors: dict[str, _Tensor] = {}
         self.done: set[str] = set()
         self.received_bytes = 0
@@ -337,10 +380,11 @@ async def receive_stream(
         raise WeightTransferError("a weight stream must start with a header message")
     if first.header.delta:
         blob = await _receive_delta(first.header, next_message, base)
-        return await asyncio.to_thread(install_delta, base, blob, dest_root, keep, memory)  # type: ignore[arg-type]
+        return await asyncio.to_thread(install_delta, base, blob, dest_root, keep, memory, base)  # type: ignore[arg-type]
     if memory is not None:
         memory.clear()  # a full version replaces it: no two models in memory while this one arrives
-    with _staged(dest_root, version_dir_name(first.header.version)) as tmp:
+    label = version_dir_name(first.header.version)
+    with _staged(dest_root, label, reuse=_doomed(dest_root, label, keep, {base})) as tmp:
         assembly = _Assembly(first.header, tmp, keep_arrays=memory is not None)
         while (message := await next_message()) is not None:
             if message.WhichOneof("payload") != "tensor":
@@ -353,7 +397,7 @@ async def receive_stream(
         install_directory(tmp, final)
     if memory is not None and assembly.manifest is not None:  # checked against its digest in finish()
         memory.hold(Held(final, assembly.manifest.digest, assembly.arrays, assembly.tensor_sums()))
-    prune_versions(dest_root, keep, final)
+    prune_versions(dest_root, keep, final, base)
     return assembly.version, final
 
 
@@ -425,11 +469,13 @@ def resolve_location(
         and current is not None
         and _serves(current, base_version, manifest.base_digest)
     ):
-        return _apply(uri, current, cache_root, keep, context, memory)
+        return _apply(uri, current, cache_root, keep, context, memory, current)
     if _read(uri, "config.json", context) is not None:  # a full checkpoint (perhaps beside a delta)
         if memory is not None:
             memory.clear()  # read from its files by the first delta on it; the old version's go now
-        return _download(uri, Path(cache_root), keep, context) if not local else Path(uri.removeprefix("file://"))
+        if local:
+            return Path(uri.removeprefix("file://"))
+        return _download(uri, Path(cache_root), keep, context, current)
     if manifest is None or base_version is None:
         raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
     if base_version >= manifest.version:
@@ -437,7 +483,7 @@ def resolve_location(
     # The base is rebuilt the same way, from its own base, down to the last full checkpoint.
     sibling = f"{uri.rstrip('/').rsplit('/', 1)[0]}/{version_dir_name(base_version)}"
     base = resolve_location(sibling, cache_root, keep=keep, context=context, current=current, memory=memory)
-    return _apply(uri, base, cache_root, keep, context, memory)
+    return _apply(uri, base, cache_root, keep, context, memory, current)
 
 
 def _serves(current: Path, version: int, digest: str | None) -> bool:
@@ -446,13 +492,19 @@ def _serves(current: Path, version: int, digest: str | None) -> bool:
 
 
 def _apply(
-    uri: str, base: Path, cache_root: Path, keep: int, context: ts.Context | None, memory: ServedTensors | None
+    uri: str,
+    base: Path,
+    cache_root: Path,
+    keep: int,
+    context: ts.Context | None,
+    memory: ServedTensors | None,
+    served: Path | None,
 ) -> Path:
     """The delta version at `uri` built on `base`, installed under `cache_root`."""
     blob = _read(uri, DELTA_FILE, context)
     if blob is None:
         raise WeightTransferError(f"{uri}: its {MANIFEST_FILE} names a delta, but there is no {DELTA_FILE}")
-    return install_delta(base, blob, Path(cache_root), keep, memory)[1]
+    return install_delta(base, blob, Path(cache_root), keep, memory, served)[1]
 
 
 def _read(uri: str, name: str, context: ts.Context | None) -> bytes | None:
@@ -473,7 +525,7 @@ def _ts(uri: str, what: str, future: Any) -> Any:
         raise WeightTransferError(f"{uri}: cannot {what} with tensorstore: {exc}") from None
 
 
-def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None) -> Path:
+def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None, served: Path | None) -> Path:
     prefix = uri.rstrip("/")
     # Always fetched, never served from the cache: a resumed run republishes
     # a version number with new weights at the same URI.
@@ -498,5 +550,5 @@ def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(result.value)
         install_directory(tmp, final)
-    prune_versions(cache_root, keep, final)
+    prune_versions(cache_root, keep, final, served)
     return final

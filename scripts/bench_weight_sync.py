@@ -27,7 +27,9 @@ alternated with the raw copy: the export (cast to bf16 and device to host:
 here the device is this CPU), the bit comparison with the previous version
 (positions of the changed elements, the least a delta encoder does), the
 digest (SHA-256 of every tensor, parallel), the write of the full files
-and their read back (what an engine that reloads from a directory needs).
+(as new files, and again over the files just written, as a host writes a
+version over one it prunes) and their read back (what an engine that
+reloads from a directory needs).
 Their sums bound what any implementation can reach here against the targets.
 
 All N hosts share this machine's cores with the learner, so per-host CPU
@@ -257,6 +259,7 @@ def floor(size: str, scratch: Path, repeats: int) -> dict[str, float]:
         "compare": compare,
         "digest": lambda: tensor_sums(after),
         "write": write,
+        "rewrite": write,  # over the file just written, as a host writes over a version it prunes
         "read": lambda: read_tensors(out),
     }
     times: dict[str, list[float]] = {"copy": [], **{name: [] for name in parts}}
@@ -319,11 +322,10 @@ def main() -> int:
                     f"floor (medians of {args.floor_repeats}, x one raw copy of {f['copy']:.3f} s): "
                     + ", ".join(f"{name} {f[name]:.3f} s ({ratio[name]:.2f}x)" for name in f if name != "copy")
                 )
+                full = ratio["export"] + ratio["rewrite"] + ratio["read"]
                 print(f"  a delta step does at least export + compare: {ratio['export'] + ratio['compare']:.2f}x "
-                      f"(target 0.3x); a full version export + write + read: "
-                      f"{ratio['export'] + ratio['write'] + ratio['read']:.2f}x (target 2x), "
-                      f"{ratio['export'] + ratio['write'] + ratio['read'] + ratio['digest']:.2f}x with its digest",
-                      flush=True)  # fmt: skip
+                      f"(target 0.3x); a full version export + rewrite + read: {full:.2f}x (target 2x), "
+                      f"{full + ratio['digest']:.2f}x with its digest", flush=True)  # fmt: skip
     return 0
 
 

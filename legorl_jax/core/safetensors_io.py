@@ -192,7 +192,13 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def save_file(tensors: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> None:
-    """Write C-contiguous arrays as a safetensors file (metadata format=pt, as HF expects)."""
+    """Write C-contiguous arrays as a safetensors file (metadata format=pt, as HF expects).
+
+    An existing file is overwritten in place and cut to the new length, not
+    truncated first: its pages stay in the page cache and are reused, where a
+    fresh file makes the kernel find and zero new ones (a 200 MB write took
+    0.02 s over an existing file and 0.03-0.5 s as a new one here). Readers
+    of the path see the same thing either way: the one inode changing."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, array in tensors.items():
@@ -206,9 +212,10 @@ def save_file(tensors: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -
         offset += array.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-(8 + len(blob)) % _DATA_ALIGN)
-    with open(path, "wb") as f:
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666), "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         # One sequential pass: parallel writes into the page cache measured slower here.
         for array in tensors.values():
             np.ascontiguousarray(array).reshape(-1).view(np.uint8).tofile(f)
+        f.truncate()

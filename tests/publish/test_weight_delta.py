@@ -5,6 +5,7 @@ write, hosts that missed versions catching up from the last full checkpoint."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
@@ -143,6 +144,59 @@ def test_a_host_that_missed_versions_catches_up_from_the_last_full(tmp_path: Pat
     for current in (None, resolve_location(str(root / "v00000000"), tmp_path / "h0")):
         got = resolve_location(str(root / "v00000002"), tmp_path / "h1", current=current)
         assert same_bits(read_tensors(got), read_tensors(tmp_path / "ref" / "v00000002"))
+
+
+def versions(count: int, model: CausalLM, tmp_path: Path, full_every: int) -> tuple[Path, Path]:
+    """Versions 0..count-1 of small updates, published with deltas and, as the reference, in full."""
+    pub = DirectoryPublisher(tmp_path / "pub", keep=count, dtype="bfloat16", full_every=full_every)
+    ref = DirectoryPublisher(tmp_path / "ref", keep=count, dtype="bfloat16")
+    for version in range(count):
+        model = nudged(model, version) if version else model
+        pub.publish(model, version)
+        ref.publish(model, version)
+    return tmp_path / "pub", tmp_path / "ref"
+
+
+def test_a_catching_up_host_keeps_the_directory_it_serves(tmp_path: Path, model: CausalLM) -> None:
+    """Catching up installs several versions before the engine moves; the one it serves
+    from must stay whole meanwhile (its engine may restart on it), beyond `keep`."""
+    pub, ref = versions(6, model, tmp_path, full_every=3)  # 0 and 3 full, 1, 2, 4, 5 deltas
+    host = tmp_path / "host"
+    served = resolve_location(str(pub / "v00000001"), host, current=pub / "v00000000")
+    assert served.parent == host
+    got = resolve_location(str(pub / "v00000005"), host, keep=2, current=served)  # rebuilds 4 on 3, then 5
+    assert same_bits(read_tensors(got), read_tensors(ref / "v00000005"))
+    assert same_bits(read_tensors(served), read_tensors(ref / "v00000001"))
+
+
+def test_a_host_in_step_writes_each_delta_over_a_version_it_prunes(tmp_path: Path, model: CausalLM) -> None:
+    """keep=2: version n is written over the files of version n-2 (their pages are in the
+    page cache), never over the one served, and holds exactly its own files and bits;
+    deltas and full versions alike."""
+    pub, ref = versions(5, model, tmp_path, full_every=8)
+    host = tmp_path / "host"
+    _, served = asyncio.run(receive_stream(feed(weight_chunks(pub / "v00000000", 0, full=True)), host))
+    for version in (1, 2, 3):
+        doomed = host / f"v{version - 2:08d}"
+        if version == 3:  # a file the new version does not have, planted without making the directory newer
+            made = doomed.stat()
+            (doomed / "stale.bin").write_bytes(b"from an older version")
+            os.utime(doomed, ns=(made.st_atime_ns, made.st_mtime_ns))
+        inodes = {p.name: p.stat().st_ino for p in doomed.glob("*.safetensors")}
+        messages = feed(weight_chunks(pub / f"v{version:08d}", version))
+        _, served = asyncio.run(receive_stream(messages, host, base=served))
+        assert same_bits(read_tensors(served), read_tensors(ref / f"v{version:08d}"))
+        if version > 1:
+            assert {p.name: p.stat().st_ino for p in served.glob("*.safetensors")} == inodes
+    assert sorted(p.name for p in host.iterdir()) == ["v00000002", "v00000003"]
+    assert sorted(p.name for p in served.iterdir()) == sorted(p.name for p in (host / "v00000002").iterdir())
+    assert not (served / "stale.bin").exists()
+    # A full version is written the same way: version 4, over version 2's files.
+    inodes = {p.name: p.stat().st_ino for p in (host / "v00000002").glob("*.safetensors")}
+    messages = feed(weight_chunks(ref / "v00000004", 4))
+    _, served = asyncio.run(receive_stream(messages, host, base=served))
+    assert same_bits(read_tensors(served), read_tensors(ref / "v00000004"))
+    assert {p.name: p.stat().st_ino for p in served.glob("*.safetensors")} == inodes
 
 
 async def feed(messages: Iterable[pb.WeightChunk]) -> AsyncIterator[pb.WeightChunk]:
