@@ -417,7 +417,8 @@ async def _receive_delta(
         have = "no published weights" if served is None else f"version {served.version}"
         raise WeightBaseMismatch(f"delta to version {manifest.version} needs base version {manifest.base_version}; "
                                  f"this host serves {have}")  # fmt: skip
-    # Positions (at most 8 bytes) and new bits per changed element, before compression.
+    # A gap and an XOR per changed element, as varints: at most ~3 bytes per stored byte (every element of a
+    # 1-byte dtype changed: 1-byte gaps, XORs of up to 2 bytes), so 5x and the header's MB bound any delta.
     limit = 5 * sum(p.stat().st_size for p in base.glob("*.safetensors")) + 2**20
     blob = bytearray()
     while (message := await next_message()) is not None:

@@ -22,7 +22,7 @@ Every version carries `weights.json` (`legorl_jax.core.weight_layout.Manifest`: 
 version and the digest of its exact tensors). With `full_every` K > 1 every
 version after the first is also a delta against the one before
 (`legorl_jax.core.weight_delta`: the stored elements whose bits changed,
-compressed), and only every K-th version (and the first, and any after a gap)
+varint-coded), and only every K-th version (and the first, and any after a gap)
 is also a full checkpoint. A host serving the version before applies the
 delta; one that missed versions rebuilds from the last full checkpoint and
 the deltas since, so hosts in step never fetch a full checkpoint again.

@@ -5,7 +5,11 @@ write, hosts that missed versions catching up from the last full checkpoint."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
+import json
 import os
+import struct
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
@@ -16,10 +20,12 @@ import pytest
 from flax import nnx
 
 from legorl_jax.core.weight_delta import (
+    MAGIC,
     BaseMismatch,
     DeltaError,
     apply_delta,
     encode_delta,
+    patch,
     read_header,
     weights_digest,
 )
@@ -84,6 +90,75 @@ def test_bad_delta_is_refused_and_leaves_the_base_alone(damage: str) -> None:
     with pytest.raises(BaseMismatch if damage == "wrong base" else DeltaError):
         apply_delta(base, blob, digest)
     assert same_bits(base, old)
+
+
+def resealed(blob: bytes, name: str, part: bytes, changed: int | None = None) -> bytes:
+    """`blob` with tensor `name`'s encoded part (and changed count) replaced, framing and
+    checksum made valid again: what a sender with a bug, or a hostile one, could send."""
+    view = memoryview(blob)
+    start = len(MAGIC) + 8
+    header = read_header(blob)
+    offset = start + struct.unpack("<Q", view[len(MAGIC) : start])[0]
+    parts = []
+    for spec in header.tensors:
+        parts.append(bytes(view[offset : offset + spec["nbytes"]]))
+        offset += spec["nbytes"]
+        if spec["name"] == name:
+            parts[-1] = part
+            spec.update(nbytes=len(part), changed=spec["changed"] if changed is None else changed)
+    raw = json.dumps(dataclasses.asdict(header)).encode()
+    body = b"".join([MAGIC, struct.pack("<Q", len(raw)), raw, *parts])
+    return body + hashlib.sha256(body).digest()
+
+
+def varints(*values: int) -> bytes:
+    out = bytearray()
+    for value in values:
+        while value >= 0x80:
+            out.append(value & 0x7F | 0x80)
+            value >>= 7
+        out.append(value)
+    return bytes(out)
+
+
+SIZE = 64 * 48  # elements of each tensor of bf16_pair
+CRAFTED = {
+    # name: (encoded part of w1, its changed count, what the refusal says)
+    "position past the end": (varints(SIZE + 1, 1), 1, "out of order or out of range"),
+    "positions summing past the end": (varints(SIZE, 5, 1, 1), 2, "out of order or out of range"),
+    "a gap of zero": (varints(3, 0, 1, 1), 2, "out of order or out of range"),
+    "a gap wrapping 64 bits": (varints(3, 2**64 - 2, 1, 1), 2, "out of order or out of range"),
+    "a change of no bits": (varints(3, 0), 1, "flips no bits"),
+    "a change wider than bf16": (varints(3, 1 << 16), 1, "more bits than"),
+    "a value cut off": (bytes([0x83]), 1, "do not hold"),
+    "fewer values than changes": (varints(3, 1), 2, "do not hold"),
+    "more values than changes": (varints(3, 1, 1), 1, "do not hold"),
+    "a varint of 11 bytes": (bytes([0x80] * 10 + [1]) + varints(1), 1, "longer than"),
+    "more changes than elements": (varints(1, 1), SIZE + 1, "changes in a tensor of"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_crafted_delta_is_refused_and_leaves_the_base_alone(case: str) -> None:
+    """A delta whose checksum is right but whose content is not: refused before any element is written."""
+    old, new = bf16_pair()
+    part, changed, says = CRAFTED[case]
+    blob = resealed(delta_of(old, new), "w1", part, changed)
+    base = {k: v.copy() for k, v in old.items()}
+    with pytest.raises(DeltaError, match=says):
+        apply_delta(base, blob, weights_digest(old))
+    assert same_bits(base, old)
+
+
+def test_a_well_formed_crafted_delta_is_applied_exactly() -> None:
+    """The encoding by hand: position 2 (gap 3) gets bit 0 flipped, position 130 (gap 128, two bytes) bit 15."""
+    old, _ = bf16_pair()
+    blob = resealed(delta_of(old, old), "w1", varints(3, 128, 1, 1 << 15), 2)
+    base = {k: v.copy() for k, v in old.items()}
+    patch(base, blob, weights_digest(old))
+    bits, was = base["w1"].reshape(-1).view(np.uint16), old["w1"].reshape(-1).view(np.uint16)
+    assert np.flatnonzero(bits != was).tolist() == [2, 130]
+    assert (bits[2] ^ was[2], bits[130] ^ was[130]) == (1, 1 << 15)
 
 
 Published = tuple[Path, Path, list[CausalLM]]
