@@ -160,28 +160,26 @@ def prune_versions(root: Path, keep: int, current: Path, served: Path | None = N
     """Keeps `current` and the newest `keep - 1` other directories, and always
     the one the engine still `served` from; removes the rest and the debris of
     dead transfers."""
-    entries = [p for p in root.iterdir() if p.is_dir()]
-    debris = [p for p in entries if p.name.startswith(TMP_PREFIX) and p not in _ACTIVE]
-    stale = _versions_newest_first(root, but={current})[max(keep - 1, 0) :]
-    for path in debris + [p for p in stale if p != served]:
+    debris = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(TMP_PREFIX) and p not in _ACTIVE]
+    for path in debris + _prunable(root, keep, current, {served}):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _versions_newest_first(root: Path, but: set[Path | None]) -> list[Path]:
-    versions = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX) and p not in but]
+def _prunable(root: Path, keep: int, current: Path, protected: set[Path | None]) -> list[Path]:
+    """The version directories beyond `current` and the newest `keep - 1` others,
+    oldest last, less the `protected` ones."""
+    versions = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX) and p != current]
     # Ties (directories made within one tick of the clock) go by name: v{version:08d} sorts by version.
-    return sorted(versions, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+    versions.sort(key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+    return [p for p in versions[max(keep - 1, 0) :] if p not in protected]
 
 
 def _doomed(root: Path, label: str, keep: int, protected: set[Path | None]) -> Path | None:
-    """A version directory that installing version `label` will prune anyway (as
-    `prune_versions` will), never a `protected` one (the delta's base, the one
-    served): the new version is written over its files, whose pages the page
-    cache still holds (`safetensors_io.save_file`)."""
-    if not root.is_dir():
-        return None
-    pruned = _versions_newest_first(root, but={root / label})[max(keep - 1, 0) :]
-    doomed = [p for p in pruned if p not in protected]
+    """A version directory that installing version `label` will prune anyway,
+    never a `protected` one (the delta's base, the one served): the new version
+    is written over its files, whose pages the page cache still holds
+    (`safetensors_io.save_file`)."""
+    doomed = _prunable(root, keep, root / label, protected) if root.is_dir() else []
     return doomed[-1] if doomed else None
 
 

@@ -99,7 +99,7 @@ def weights_digest(tensors: Mapping[str, np.ndarray]) -> str:
 
 def _varints(values: np.ndarray) -> np.ndarray:
     """`values` (unsigned) as LEB128: low 7 bits first, the high bit set on every byte but a value's last."""
-    values = values.astype(np.uint64)
+    values = values.astype(np.uint64, copy=False)
     lengths = np.ones(values.size, np.int64)
     for width in range(7, 64, 7):
         lengths += values >= np.uint64(1 << width)
