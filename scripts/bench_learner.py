@@ -24,6 +24,7 @@ of each; `--scale N` divides every length by N for machines where the full
 size would take too long.
 
     .venv/bin/python scripts/bench_learner.py --shared-prefix --scale 16
+    .venv/bin/python scripts/bench_learner.py --shared-prefix --cases groups_of_8 --remat full --repeats 1 --no-warmup
 
 `--small-step` compares micro-batches sized by the step's rows with the fixed
 shape of the budget's full row count (`fit_rows=False`, the layout before) on a
@@ -40,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
@@ -74,11 +76,11 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: bool = True) -> dict[str, float]:
     """Best wall seconds of each function over `repeats` rounds, after one warm-up
-    (compilation) call each. Rounds interleave the functions so that load from
-    other processes on a shared machine hits all of them alike."""
-    for fn in fns.values():
+    (compilation) call each unless `warmup` is off. Rounds interleave the functions
+    so that load from other processes on a shared machine hits all of them alike."""
+    for fn in fns.values() if warmup else ():
         jax.block_until_ready(fn())
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
@@ -209,10 +211,13 @@ def shared_prefix_case(args: argparse.Namespace, name: str, model: CausalLM, cfg
         kind = "tree" if share else "unshared"
         learners[kind] = Learner(model, RLConfig(), lc, mesh)
         packed[kind] = learners[kind].pack(seqs)
-    return {"lengths": lengths, "sequences": len(seqs), "buckets": buckets, **compare(learners, packed, args.repeats)}
+    results = compare(learners, packed, args.repeats, warmup=not args.no_warmup)
+    return {"lengths": lengths, "sequences": len(seqs), "buckets": buckets, **results}
 
 
-def compare(learners: dict[str, Learner], packed: dict[str, PackedStep], repeats: int) -> dict[str, Any]:
+def compare(
+    learners: dict[str, Learner], packed: dict[str, PackedStep], repeats: int, warmup: bool = True
+) -> dict[str, Any]:
     """Two packings of one step, the measured one first and its baseline second ("tree",
     "unshared" or "fitted", "full"), each trained by its own learner of the same model:
     step time, first-step loss, tokens and peak memory of each."""
@@ -221,7 +226,10 @@ def compare(learners: dict[str, Learner], packed: dict[str, PackedStep], repeats
     def step(kind: str) -> None:
         losses[kind].append(learners[kind].train_step(packed[kind])["loss"])
 
-    t = interleaved({k: partial(step, k) for k in learners}, repeats)
+    # Compiled before timing: without a warm-up step the timed step reads these programs
+    # from the persistent compilation cache `main` sets up for --no-warmup.
+    peaks = {k: micro_step_peak_bytes(learners[k], packed[k]) / 2**20 for k in learners}
+    t = interleaved({k: partial(step, k) for k in learners}, repeats, warmup)
     new, old = learners  # the packing measured, then its baseline
     return {
         **{
@@ -234,7 +242,7 @@ def compare(learners: dict[str, Learner], packed: dict[str, PackedStep], repeats
                 "padded_tokens": sum(mb.tokens.size for mb in packed[k].micro_batches),
                 "shapes": [list(mb.tokens.shape) for mb in packed[k].micro_batches],
                 "micro_batches": len(packed[k].micro_batches),
-                "micro_step_peak_mib": micro_step_peak_bytes(learners[k], packed[k]) / 2**20,
+                "micro_step_peak_mib": peaks[k],
             }
             for k in learners
         },
@@ -359,6 +367,12 @@ def main() -> None:
     parser.add_argument("--shared-prefix", action="store_true", help="Tree packing vs unshared packing.")
     parser.add_argument("--scale", type=int, default=1, help="--shared-prefix: divide every length by this.")
     parser.add_argument("--cases", nargs="+", choices=sorted(SHARED_CASES), default=sorted(SHARED_CASES))
+    parser.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="--shared-prefix: time the first step (for steps of many minutes); its micro-steps are compiled "
+        "ahead into a persistent compilation cache, so compiling stays out of the time.",
+    )
     parser.add_argument("--small-step", action="store_true", help="Rows sized by the step vs the fixed full shape.")
     parser.add_argument("--small-seqs", type=int, default=4, help="--small-step: sequences in the step.")
     parser.add_argument("--small-len", type=int, default=400, help="--small-step: tokens per sequence.")
@@ -368,6 +382,9 @@ def main() -> None:
         parser.error("--seq-len must be a multiple of --per-row")
     if min(args.small_seqs, args.small_len - 1, args.micro_batch_tokens) < 1:
         parser.error("--small-seqs and --micro-batch-tokens must be positive, --small-len at least 2")
+    if args.no_warmup:
+        jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="bench-learner-xla-"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if args.small_step:
         report = run_small_step(args)
     else:

@@ -36,11 +36,13 @@ class ModelRunConfig(Strict):
     remat: Literal["none", "full", "dots_saveable"] = Field(
         "none", description="Rematerialisation policy of the scanned layer body."
     )
-    attention_kernel: Literal["auto", "xla", "cudnn", "splash"] = Field(
+    attention_kernel: Literal["auto", "xla", "cudnn", "splash", "blockwise"] = Field(
         "auto",
         description="Attention implementation of training steps: auto = cuDNN's fused kernel on NVIDIA GPUs with "
-        "16-bit compute, Pallas splash attention on TPU (rows and head_dim multiples of 128), XLA elsewhere; "
-        "cudnn and splash fail off their hardware. See legorl_jax/models/attention.py.",
+        "16-bit compute, Pallas splash attention on TPU (rows and head_dim multiples of 128), elsewhere blockwise "
+        "(tiles with a running softmax; memory linear in the row) for rows of two or more 128-multiple tiles and "
+        "XLA's dense scores otherwise; cudnn and splash fail off their hardware, splash and blockwise on rows "
+        "that are not multiples of 128. See legorl_jax/models/attention.py.",
     )
     max_seq_len: int = Field(4096, gt=0, description="Longest packed row the learner trains on.")
 

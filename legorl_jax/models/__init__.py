@@ -5,7 +5,8 @@ Public API (import from `legorl_jax.models`):
 - `from_hf(path, *, dtype="float32", compute_dtype=None, remat="none", attention_kernel="auto", mesh=None) -> CausalLM`
   loads an HF checkpoint directory (Qwen3, Qwen3-MoE, Qwen2/2.5, Llama 3).
   `attention_kernel`: "auto" (cuDNN's fused kernel on NVIDIA GPUs with 16-bit
-  compute; Pallas splash attention on TPU), "xla", "cudnn" or "splash" (`models/attention.py`).
+  compute; Pallas splash attention on TPU; blockwise elsewhere for rows of two or
+  more 128-multiple tiles), "xla", "cudnn", "splash" or "blockwise" (`models/attention.py`).
 - `to_hf(model, out_dir, *, tokenizer_from=None, dtype=None, max_shard_bytes=5 GiB) -> Path`
   writes config.json, generation_config.json, model*.safetensors (+ index when
   sharded) and copies tokenizer files.

@@ -1,35 +1,43 @@
 """The attention kernel: which implementation computes softmax(q k^T / sqrt(H)) v.
 
-What runs where (`attention_kernel`; "auto" is the default):
+What runs where (`attention_kernel`; "auto" is the default). Training rows
+(causal, queries and keys aligned at index 0, packed by segment ids) go
+through `attend`:
 
+- Blockwise (`blockwise_attention`): XLA code that computes a row a tile of
+  queries by a tile of keys at a time with a running softmax, and a custom
+  backward pass that recomputes each tile, so memory grows with the row, not
+  its square, and tiles no query can see are skipped. "auto" picks it for
+  rows of two or more tiles (multiples of 128) wherever no fused kernel
+  takes the call: on CPU, for float32 on GPUs, for tree rows on TPU.
 - XLA (`jax.nn.dot_product_attention(implementation="xla")`) runs everywhere
-  and builds the [B, N, T, S] score matrix. It is what "auto" picks off
-  GPU/TPU and for shapes the fused kernels do not take.
-- KV-cache steps (the embedded engine's prefill/decode) run `cached_attention`
-  whatever the setting. On CPU a decode step (one query a row) runs the C++
-  kernel of `cpu_kernels` (reads each row's blocks once); every other step
-  runs `paged_attention`: XLA code that gathers the window's keys from the block
-  pool once, then reads them a tile at a time with an online softmax (a decode
-  step's one tile is the whole window), so a prefill's scores never span the
-  whole window and tiles past a step's last position are skipped (long training rows are where a fused
-  kernel pays, and serving on accelerator hosts is vLLM's).
+  and builds the [B, N, T, T] score matrix: "auto" keeps it for rows of one
+  tile and rows no tile size divides.
 - cuDNN's fused kernel: "auto" picks it on an Ampere-or-newer NVIDIA GPU for
-  training-shaped calls with 16-bit activations and head_dim a multiple of 8
-  up to 128. It reads the same boolean mask as XLA.
+  16-bit activations and head_dim a multiple of 8 up to 128. It reads the
+  boolean mask.
 - Pallas splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`):
-  "auto" picks it on TPU for training-shaped calls whose row length and
-  head_dim are multiples of 128. It never sees the dense mask: the causal
-  triangle is a static block-sparse mask (blocks above the diagonal are
-  skipped) and the packing arrives as segment ids.
+  "auto" picks it on TPU for rows whose length and head_dim are multiples of
+  128. It never sees the dense mask: the causal triangle is a static
+  block-sparse mask (blocks above the diagonal are skipped) and the packing
+  arrives as segment ids.
 
-"Training-shaped" means causal with queries and keys aligned at index 0 (no KV
-cache) and, for splash, the segment ids the mask was built from.
+KV-cache steps (the embedded engine's prefill/decode) run `cached_attention`
+whatever the setting. On CPU a decode step (one query a row) runs the C++
+kernel of `cpu_kernels` (reads each row's blocks once); every other step
+runs `paged_attention`: XLA code that gathers the window's keys from the block
+pool once, then reads them a tile at a time with an online softmax (a decode
+step's one tile is the whole window), so a prefill's scores never span the
+whole window and tiles past a step's last position are skipped (serving on
+accelerator hosts is vLLM's).
 
 Tree rows (shared prompt prefixes, `legorl_jax.rl.batching`): a token sees
-only its own prefix chain, a data-dependent mask. XLA and cuDNN read it from
-the boolean mask like any other. Splash cannot express it (its masks are
-static block patterns and it takes packing only as equal segment ids), so a
-tree call that would run splash runs XLA instead, and says so in the log.
+only its own prefix chain, a data-dependent mask. Blockwise reads it from
+`kv_end` (and skips other members' continuations whole), XLA and cuDNN from
+the boolean mask. Splash cannot express it (its masks are static block
+patterns and it takes packing only as equal segment ids), so a tree call
+that would run splash runs blockwise (XLA for a one-tile row) instead, and
+says so in the log.
 
 Sharding: a Pallas kernel is opaque to XLA's SPMD partitioner, so under a
 context mesh (`jax.set_mesh`) splash runs inside `jax.shard_map`: rows split
@@ -38,10 +46,11 @@ several devices and no context mesh "auto" keeps XLA (whole-array kernel calls
 would not be data parallel); the learner's step must be traced under
 `jax.set_mesh(mesh)` to get splash on a pod.
 
-Tested: splash matches XLA (forward and gradients, packed rows, GQA, a
-mesh of fake CPU devices) with the kernel run in Pallas interpret mode on CPU,
-i.e. the same kernel code, not Mosaic-compiled: it has not run on a real TPU
-here. `scripts/bench_attention.py` compares XLA and cuDNN on a GPU.
+Tested: splash and blockwise match XLA (forward and gradients, packed rows,
+tree rows for blockwise, GQA, a mesh of fake CPU devices), splash with the
+kernel run in Pallas interpret mode on CPU, i.e. the same kernel code, not
+Mosaic-compiled: it has not run on a real TPU here. `scripts/bench_attention.py`
+compares what "auto" picks with XLA on the machine it runs on.
 """
 
 from __future__ import annotations
@@ -57,19 +66,21 @@ from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
 from legorl_jax.models import cpu_kernels
+from legorl_jax.models.blockwise_attention import blockwise_attention
 from legorl_jax.models.config import AttentionKernel
 from legorl_jax.models.kv_cache import LayerView, read_blocks
 from legorl_jax.models.sharding import BATCH_AXES
 
-Implementation = Literal["xla", "cudnn", "splash"]
+Implementation = Literal["xla", "cudnn", "splash", "blockwise"]
 logger = logging.getLogger(__name__)
 
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # The backend each explicit fused kernel needs, and how an error names it.
 _BACKEND_OF = {"cudnn": ("gpu", "an NVIDIA GPU"), "splash": ("tpu", "a TPU")}
-# Splash tiles are multiples of the TPU's 128 lanes (its segment-id masking asserts so);
-# the largest tile that divides the row wins, since bigger tiles amortise per-block overhead.
-_SPLASH_BLOCKS = (512, 256, 128)
+# Tiles of splash and blockwise attention: multiples of the TPU's 128 lanes (splash's segment-id
+# masking asserts so); the largest that divides the row wins, since bigger tiles amortise per-tile
+# overhead (on CPU 512 beat 256 and 1,024 at 4k-token rows: docs/benchmarks.md).
+_TILES = (512, 256, 128)
 
 
 def resolve_kernel(
@@ -78,64 +89,74 @@ def resolve_kernel(
     """The implementation `kernel` stands for on this process's default backend.
 
     seq_len is the row length of a training-shaped call (see the module
-    docstring); None says the call is not one, which rules splash out.
+    docstring); None says the call is not one, which rules splash and
+    blockwise out.
     """
     if kernel not in get_args(AttentionKernel):
         raise ValueError(f"attention_kernel must be one of {get_args(AttentionKernel)}, got {kernel!r}")
     backend = jax.default_backend()
     if kernel in _BACKEND_OF and backend != _BACKEND_OF[kernel][0]:
         raise ValueError(f"attention_kernel={kernel!r} needs {_BACKEND_OF[kernel][1]}; this process runs on {backend}")
-    if kernel == "splash" and (seq_len is None or _splash_block(seq_len) is None):
+    if kernel in ("splash", "blockwise") and (seq_len is None or tile_size(seq_len) is None):
         raise ValueError(
-            "attention_kernel='splash' needs a training-shaped call (causal, no KV cache, segment ids) "
+            f"attention_kernel={kernel!r} needs a training-shaped call (causal, no KV cache, segment ids) "
             f"with a row length that is a multiple of 128; got row length {seq_len}"
         )
     if kernel != "auto":
         return kernel
-    if backend == "tpu":
-        return "splash" if seq_len is not None and _splash_fits(head_dim, seq_len) else "xla"
-    if backend != "gpu" or jnp.dtype(dtype) not in _CUDNN_DTYPES:
-        return "xla"
-    # cuDNN's fused attention needs head_dim a multiple of 8 up to 128 and an Ampere or newer GPU.
-    capability = getattr(jax.devices()[0], "compute_capability", "0")
-    if head_dim % 8 or head_dim > 128 or float(capability) < 8.0:
-        return "xla"
-    return "cudnn"
+    if backend == "tpu" and seq_len is not None and _splash_fits(head_dim, seq_len):
+        return "splash"
+    if backend == "gpu" and jnp.dtype(dtype) in _CUDNN_DTYPES and _cudnn_fits(head_dim):
+        return "cudnn"
+    return "blockwise" if _blockwise_pays(seq_len) else "xla"
 
 
 def attend(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    mask: jax.Array,
+    segment_ids: jax.Array,
+    kv_end: jax.Array | None = None,
     *,
     kernel: AttentionKernel,
-    causal: bool,
-    segment_ids: jax.Array | None = None,
-    tree: bool = False,
 ) -> jax.Array:
-    """q[B, T, N, H], k/v[B, S, K, H] (N a multiple of K), mask bool[B, 1, T, S] -> [B, T, N, H].
+    """Causal attention of a training row: q[B, T, N, H], k/v[B, T, K, H] (N a multiple of K) -> [B, T, N, H].
 
-    `causal` says the mask already holds the causal triangle with queries and
-    keys aligned at index 0 (no KV cache): cuDNN then skips the blocks above
-    the diagonal instead of computing and masking them. segment_ids int32[B, T]
-    are the packing the mask was built from; splash reads them instead of it.
-    `tree` says the mask also limits keys to each query's prefix chain.
+    segment_ids int32[B, T] pack several sequences in a row: a token sees
+    earlier tokens of its own segment. kv_end int32[B, T] (tree rows, see
+    `legorl_jax.rl.batching`) further limits key s to queries before
+    kv_end[s], so a token sees only its own prefix chain.
     """
-    if causal or kernel == "cudnn":
-        impl = resolve_kernel(kernel, q.dtype, q.shape[-1], q.shape[1] if causal and segment_ids is not None else None)
-    else:
-        impl = "xla"  # a KV-cache step: splash has no such form, and "auto" keeps XLA (module docstring)
-    if tree and impl == "splash":
-        logger.info("attention: tree rows run XLA, not splash (splash cannot express a prefix-chain mask)")
-        impl = "xla"
+    impl = resolve_kernel(kernel, q.dtype, q.shape[-1], q.shape[1])
+    if kv_end is not None and impl == "splash":
+        fallback: Implementation = "blockwise" if _blockwise_pays(q.shape[1]) else "xla"
+        logger.info("attention: tree rows run %s, not splash (splash cannot express a prefix-chain mask)", fallback)
+        impl = fallback
     k, v = k.astype(q.dtype), v.astype(q.dtype)
     if impl == "splash":
-        assert segment_ids is not None  # resolve_kernel picks splash only given a row length, i.e. segment ids
         return splash_attention(q, k, v, segment_ids)
+    if impl == "blockwise":
+        tile = tile_size(q.shape[1])
+        assert tile is not None  # resolve_kernel picks blockwise only for rows of whole tiles
+        return blockwise_attention(q, k, v, segment_ids, kv_end, block=tile)
+    mask = causal_segment_mask(segment_ids, kv_end)
     if impl == "cudnn":
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation="cudnn")
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation="cudnn")
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+
+
+def causal_segment_mask(segment_ids: jax.Array, kv_end: jax.Array | None = None) -> jax.Array:
+    """bool[B, 1, T, T]: causal by index within a row, and only within a segment.
+
+    kv_end int32[B, T] (tree rows) further limits key s to queries before
+    kv_end[s], the end of its subtree: a token then sees its own prefix chain.
+    """
+    t = segment_ids.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    mask = causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    if kv_end is not None:
+        mask &= jnp.arange(t, dtype=jnp.int32)[None, :, None] < kv_end[:, None, :]
+    return mask[:, None]
 
 
 def splash_attention(
@@ -146,7 +167,7 @@ def splash_attention(
     q[B, T, N, H], k/v[B, T, K, H], segment_ids int32[B, T] -> [B, T, N, H].
     `interpret` runs the kernel in Pallas interpret mode (any backend; slow).
     """
-    if _splash_block(q.shape[1]) is None:
+    if tile_size(q.shape[1]) is None:
         raise ValueError(f"splash attention needs a row length that is a multiple of 128, got {q.shape[1]}")
     run = partial(_splash_per_shard, interpret=interpret)
     mesh = jax.sharding.get_abstract_mesh()
@@ -166,7 +187,7 @@ def _splash_per_shard(
     q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, *, interpret: bool
 ) -> jax.Array:
     _, t, n, h = q.shape
-    b = _splash_block(t)
+    b = tile_size(t)
     assert b is not None  # splash_attention checked the row length
     sizes = splash.BlockSizes(
         block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
@@ -191,15 +212,28 @@ def _splash_per_shard(
     return heads_major(out)
 
 
-def _splash_block(seq_len: int) -> int | None:
-    return next((b for b in _SPLASH_BLOCKS if seq_len % b == 0), None)
+def tile_size(seq_len: int) -> int | None:
+    """The largest of `_TILES` that divides a row of seq_len, if any."""
+    return next((b for b in _TILES if seq_len % b == 0), None)
+
+
+def _blockwise_pays(seq_len: int | None) -> bool:
+    """Whether "auto" runs blockwise: a training row of two tiles or more (one tile is XLA's dense call)."""
+    tile = None if seq_len is None else tile_size(seq_len)
+    return seq_len is not None and tile is not None and seq_len > tile
+
+
+def _cudnn_fits(head_dim: int) -> bool:
+    """cuDNN's fused attention needs head_dim a multiple of 8 up to 128 and an Ampere or newer GPU."""
+    capability = getattr(jax.devices()[0], "compute_capability", "0")
+    return head_dim % 8 == 0 and head_dim <= 128 and float(capability) >= 8.0
 
 
 def _splash_fits(head_dim: int, seq_len: int) -> bool:
     """Whether "auto" may pick splash: a 128-multiple row, lane-aligned heads, and a way to shard it."""
     # head_dim below 128 is padded to lanes inside the kernel and has failed there in past JAX
     # releases; 128-multiples (Qwen3, Llama 3) are the shapes the kernel is known for.
-    if _splash_block(seq_len) is None or head_dim % 128:
+    if tile_size(seq_len) is None or head_dim % 128:
         return False
     return jax.device_count() == 1 or not jax.sharding.get_abstract_mesh().empty
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 Architecture = Literal["qwen3", "qwen3_moe", "qwen2", "llama"]
 DType = Literal["float32", "bfloat16"]
 Remat = Literal["none", "full", "dots_saveable"]
-AttentionKernel = Literal["auto", "xla", "cudnn", "splash"]  # see legorl_jax/models/attention.py
+AttentionKernel = Literal["auto", "xla", "cudnn", "splash", "blockwise"]  # see legorl_jax/models/attention.py
 
 _HF_CLASS = {
     "qwen3": "Qwen3ForCausalLM",

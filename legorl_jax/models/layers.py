@@ -46,19 +46,15 @@ class Attention(nnx.Module):
         self,
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
-        mask: jax.Array | None,
         cache: LayerView | None,
         positions: jax.Array,
         segment_ids: jax.Array | None,
-        tree: bool = False,
+        kv_end: jax.Array | None = None,
     ) -> tuple[jax.Array, LayerView | None]:
-        """x[B, T, D]; mask bool[B, 1, T, T] (unused with a cache: a query at
-        position p sees the cache's positions 0..p). With a cache the layer
-        returns it with this step's keys and values written.
-
-        segment_ids int32[B, T] (training steps) are the packing `mask` was
-        built from: a kernel that takes them instead of a mask (splash) reads them.
-        `tree` says the mask also holds a trie's ancestor structure (see `attend`).
+        """x[B, T, D]. With a cache (inference) a query at position p sees the
+        cache's positions 0..p, and the layer returns the cache with this step's
+        keys and values written. Without one (training) segment_ids int32[B, T]
+        pack the row and kv_end int32[B, T] makes it a trie (see `attend`).
         """
         b, t, _ = x.shape
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
@@ -75,8 +71,8 @@ class Attention(nnx.Module):
             cache = LayerView(k=k_pool, v=v_pool, layer=cache.layer, table=cache.table)
             out = cached_attention(q, cache, positions)
         else:
-            assert mask is not None  # a step without a cache always brings its mask
-            out = attend(q, k, v, mask, kernel=self.kernel, causal=True, segment_ids=segment_ids, tree=tree)
+            assert segment_ids is not None  # a training step always brings its packing
+            out = attend(q, k, v, segment_ids, kv_end, kernel=self.kernel)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache
 
 
@@ -106,35 +102,20 @@ class DecoderLayer(nnx.Module):
         self,
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
-        mask: jax.Array | None,
         cache: LayerView | None,
         positions: jax.Array,
         valid: jax.Array,
         segment_ids: jax.Array | None,
-        tree: bool = False,
+        kv_end: jax.Array | None = None,
     ) -> tuple[jax.Array, LayerView | None, RouterStats | None]:
         """valid bool[B, T] marks real (non-padding) tokens for router statistics."""
-        attn, cache = self.self_attn(self.input_layernorm(x), rope, mask, cache, positions, segment_ids, tree)
+        attn, cache = self.self_attn(self.input_layernorm(x), rope, cache, positions, segment_ids, kv_end)
         x = x + attn
         h = self.post_attention_layernorm(x)
         if isinstance(self.mlp, MoE):
             out, stats = self.mlp(h, valid)
             return x + out, cache, stats
         return x + self.mlp(h), cache, None
-
-
-def causal_segment_mask(segment_ids: jax.Array, kv_end: jax.Array | None = None) -> jax.Array:
-    """bool[B, 1, T, T]: causal by index within a row, and only within a segment.
-
-    kv_end int32[B, T] (tree rows) further limits key s to queries before
-    kv_end[s], the end of its subtree: a token then sees its own prefix chain.
-    """
-    t = segment_ids.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    mask = causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
-    if kv_end is not None:
-        mask &= jnp.arange(t, dtype=jnp.int32)[None, :, None] < kv_end[:, None, :]
-    return mask[:, None]
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:

@@ -3,7 +3,7 @@
 Layer parameters carry a leading [num_layers] axis and one layer body runs under
 `jax.lax.scan`, so compile time and program size do not grow with depth and the
 remat policy applies per layer. Training (`__call__`, `hidden`) and inference
-(`decode`) share `_run_layers`; they differ in the mask, in carrying a KV
+(`decode`) share `_run_layers`; they differ in the packing (segment ids, tries), in carrying a KV
 cache, and (serving) in reading the projections' weights in place.
 """
 
@@ -18,7 +18,7 @@ from flax import nnx
 from legorl_jax.models import cpu_kernels
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.kv_cache import KVCache, LayerView
-from legorl_jax.models.layers import DecoderLayer, causal_segment_mask, rms_norm, segment_positions
+from legorl_jax.models.layers import DecoderLayer, rms_norm, segment_positions
 from legorl_jax.models.linear import Linear, StackedWeight
 from legorl_jax.models.moe import RouterStats, load_balancing_loss
 from legorl_jax.models.rope import rope_tables
@@ -113,10 +113,7 @@ class CausalLM(nnx.Module):
             segment_ids = jnp.ones(tokens.shape, jnp.int32)
         if positions is None:
             positions = segment_positions(segment_ids)
-        mask = causal_segment_mask(segment_ids, kv_end)
-        x, _, stats = self._run_layers(
-            tokens, positions, mask, segment_ids != 0, cache=None, segment_ids=segment_ids, tree=kv_end is not None
-        )
+        x, _, stats = self._run_layers(tokens, positions, segment_ids != 0, None, segment_ids, kv_end)
         aux: dict[str, jax.Array] = {}
         if stats is not None:
             aux["router_aux_loss"] = load_balancing_loss(stats, self.config.num_experts)
@@ -157,10 +154,8 @@ class CausalLM(nnx.Module):
             if cache.num_blocks != tokens.shape[0]:
                 raise ValueError(f"decode: cache has {cache.num_blocks} rows, tokens have {tokens.shape[0]}")
             block_table = jnp.arange(tokens.shape[0], dtype=jnp.int32)[:, None]
-        # No mask: a cache step's attention reads what each query sees from its position.
-        x, new_cache, _ = self._run_layers(
-            tokens, positions, None, positions >= 0, (cache, block_table), segment_ids=None
-        )
+        # No packing: a cache step's attention reads what each query sees from its position.
+        x, new_cache, _ = self._run_layers(tokens, positions, positions >= 0, (cache, block_table), None)
         assert new_cache is not None  # a cache in is a cache out
         if last is not None:
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)
@@ -173,11 +168,10 @@ class CausalLM(nnx.Module):
         self,
         tokens: jax.Array,
         positions: jax.Array,
-        mask: jax.Array | None,
         valid: jax.Array,
         cache: tuple[KVCache, jax.Array] | None,
         segment_ids: jax.Array | None,
-        tree: bool = False,
+        kv_end: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None, RouterStats | None]:
         rope = rope_tables(self.config, positions)
         pools = None if cache is None else (cache[0].k, cache[0].v)
@@ -185,12 +179,12 @@ class CausalLM(nnx.Module):
         def body(carry: tuple[jax.Array, Any], layer: DecoderLayer, index: jax.Array) -> tuple[Any, Any]:
             x, pools = carry
             if cache is None:
-                x, _, stats = layer(x, rope, mask, None, positions, valid, segment_ids, tree)
+                x, _, stats = layer(x, rope, None, positions, valid, segment_ids, kv_end)
                 return (x, pools), stats
             # The pools ride in the carry, so each layer updates them in place:
             # a step writes only its new entries and gathers its window's blocks once.
             view = LayerView(k=pools[0], v=pools[1], layer=index, table=cache[1])
-            x, written, stats = layer(x, rope, mask, view, positions, valid, segment_ids, tree)
+            x, written, stats = layer(x, rope, view, positions, valid, segment_ids)
             assert written is not None  # a layer given the pool returns it updated
             return (x, (written.k, written.v)), stats
 

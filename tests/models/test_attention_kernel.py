@@ -1,5 +1,6 @@
 """Which attention implementation runs, that asking for one that cannot is a clear error,
-and that the splash kernel (Pallas interpret mode on CPU) computes what XLA computes."""
+and that the splash kernel (Pallas interpret mode on CPU) and blockwise attention compute
+what XLA computes."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import pytest
 from flax import nnx
 
 from legorl_jax.models import CausalLM, ModelConfig, attention
-from legorl_jax.models.attention import attend, resolve_kernel, splash_attention
-from legorl_jax.models.layers import causal_segment_mask
+from legorl_jax.models.attention import attend, causal_segment_mask, resolve_kernel, splash_attention
+from legorl_jax.models.blockwise_attention import _live_tiles, blockwise_attention
 
 _REPO = Path(__file__).resolve().parents[2]
 # Padding (0) at the end of row 0; segments straddle the 128-token splash blocks.
@@ -33,13 +34,19 @@ def _qkv(seed: int, b: int, t: int, n: int, kv: int, h: int) -> tuple[jax.Array,
 
 
 def _xla(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array) -> jax.Array:
-    return attend(q, k, v, causal_segment_mask(segment_ids), kernel="xla", causal=True)
+    return attend(q, k, v, segment_ids, kernel="xla")
 
 
-def test_auto_is_xla_on_cpu_and_fused_kernels_need_their_hardware() -> None:
+def test_auto_on_cpu_is_blockwise_for_rows_of_tiles_and_fused_kernels_need_their_hardware() -> None:
     assert jax.default_backend() == "cpu"
-    assert resolve_kernel("auto", jnp.bfloat16, 128, 512) == "xla"
-    assert resolve_kernel("xla", jnp.bfloat16, 128, 512) == "xla"
+    assert resolve_kernel("auto", jnp.float32, 64, 1024) == "blockwise"
+    assert resolve_kernel("auto", jnp.bfloat16, 128, 384) == "blockwise"  # three 128-tiles
+    assert resolve_kernel("auto", jnp.bfloat16, 128, 512) == "xla"  # one tile: XLA's dense call
+    assert resolve_kernel("auto", jnp.float32, 64, 1000) == "xla"  # no tile divides the row
+    assert resolve_kernel("auto", jnp.float32, 64, None) == "xla"  # not training-shaped
+    assert resolve_kernel("xla", jnp.bfloat16, 128, 4096) == "xla"
+    with pytest.raises(ValueError, match="attention_kernel='blockwise' needs a training-shaped call.*row length 200"):
+        resolve_kernel("blockwise", jnp.float32, 64, 200)
     with pytest.raises(ValueError, match="attention_kernel='cudnn' needs an NVIDIA GPU"):
         resolve_kernel("cudnn", jnp.bfloat16, 128)
     with pytest.raises(ValueError, match="attention_kernel='splash' needs a TPU; this process runs on cpu"):
@@ -54,7 +61,7 @@ def test_auto_on_tpu_picks_splash_only_for_shapes_it_takes(monkeypatch: pytest.M
     assert resolve_kernel("auto", jnp.bfloat16, 128, 4096) == "splash"
     assert resolve_kernel("auto", jnp.float32, 256, 384) == "splash"
     assert resolve_kernel("auto", jnp.bfloat16, 128, 200) == "xla"  # row not a multiple of 128
-    assert resolve_kernel("auto", jnp.bfloat16, 64, 4096) == "xla"  # head_dim below the lane width
+    assert resolve_kernel("auto", jnp.bfloat16, 64, 4096) == "blockwise"  # head_dim below the lane width
     assert resolve_kernel("auto", jnp.bfloat16, 128, None) == "xla"  # not training-shaped
     assert resolve_kernel("splash", jnp.bfloat16, 64, 512) == "splash"
     with pytest.raises(ValueError, match="attention_kernel='splash' needs a training-shaped call.*row length 200"):
@@ -81,7 +88,7 @@ def test_attend_masks_and_groups_heads_like_a_reference() -> None:
     q, k, v = _qkv(0, b, t, n, kv, h)
     segments = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
     mask = causal_segment_mask(segments)
-    out = attend(q, k, v, mask, kernel="auto", causal=True, segment_ids=segments)
+    out = attend(q, k, v, segments, kernel="auto")
     kr, vr = jnp.repeat(k, n // kv, axis=2), jnp.repeat(v, n // kv, axis=2)
     scores = jnp.einsum("btnh,bsnh->bnts", q, kr) / np.sqrt(h)
     weights = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
@@ -131,6 +138,7 @@ from functools import partial
 from jax.sharding import NamedSharding, PartitionSpec as P
 from legorl_jax.models import make_mesh
 from legorl_jax.models.attention import splash_attention
+from legorl_jax.models.blockwise_attention import blockwise_attention
 from test_attention_kernel import _SEGMENTS, _qkv, _xla
 
 assert jax.device_count() == 4
@@ -143,14 +151,16 @@ loss = lambda fn: jax.jit(jax.value_and_grad(lambda q, k, v: (fn(q, k, v, seg) *
 with jax.set_mesh(mesh):
     assert "shard_map" in str(jax.make_jaxpr(splash)(q, k, v, seg))
     got = loss(splash)(q, k, v)
+    blockwise = loss(lambda q, k, v, seg: blockwise_attention(q, k, v, seg, None, block=128))(q, k, v)
 want = loss(_xla)(q, k, v)
-for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+for a, b, c in zip(jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(blockwise)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(c, b, rtol=1e-5, atol=1e-4)
 print("ok")
 """
 
 
-def test_splash_runs_per_shard_under_a_mesh() -> None:
+def test_splash_and_blockwise_run_under_a_mesh() -> None:
     env = {
         **os.environ,
         "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
@@ -163,7 +173,7 @@ def test_splash_runs_per_shard_under_a_mesh() -> None:
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
-def test_tree_rows_fall_back_from_splash_to_xla_with_a_reason(
+def test_tree_rows_fall_back_from_splash_with_a_reason(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = ModelConfig(
@@ -183,5 +193,83 @@ def test_tree_rows_fall_back_from_splash_to_xla_with_a_reason(
     monkeypatch.setattr(attention, "resolve_kernel", lambda *_args: "splash")
     with caplog.at_level("INFO", logger=attention.__name__):
         got, _ = model.hidden(tokens, positions, segments, kv_end)
-    assert "tree rows run XLA, not splash" in caplog.text
+    assert "tree rows run xla, not splash" in caplog.text
     np.testing.assert_array_equal(got, want)
+
+
+# Row 0: packed segments straddling the 128-token tiles, then padding. Row 1: one trie, a
+# 150-token prefix and two branches (130 and 90 tokens), then padding; a branch sees the
+# prefix and itself, never its sibling.
+_TREE_SEGMENTS = np.array([[1] * 100 + [2] * 150 + [3] * 80 + [0] * 54, [1] * 370 + [0] * 14], np.int32)
+_TREE_KV_END = np.array([[384] * 384, [370] * 150 + [280] * 130 + [370] * 90 + [384] * 14], np.int32)
+
+
+@pytest.mark.parametrize("block", [128, 384])
+def test_blockwise_matches_xla_on_packed_and_tree_rows(block: int) -> None:
+    q, k, v = _qkv(6, 2, 384, 6, 2, 16)
+    seg, kv_end = jnp.asarray(_TREE_SEGMENTS), jnp.asarray(_TREE_KV_END)
+    cotangent = jnp.asarray(np.random.default_rng(7).normal(size=q.shape), jnp.float32)
+
+    def run(fn: Callable[..., jax.Array]) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+        loss = lambda q, k, v: (fn(q, k, v) * cotangent).sum()  # noqa: E731
+        return jax.jit(fn)(q, k, v), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    want, want_grads = run(lambda q, k, v: attend(q, k, v, seg, kv_end, kernel="xla"))
+    got, got_grads = run(lambda q, k, v: blockwise_attention(q, k, v, seg, kv_end, block=block))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for name, g, w in zip("qkv", got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"d/d{name}")
+
+
+def test_blockwise_skips_tiles_no_query_sees() -> None:
+    # One trie per row: a 256-token prefix, then branches of 128; the branches' tiles see each other in no row.
+    seg = jnp.ones((2, 640), jnp.int32)
+    kv_end = jnp.asarray([[640] * 256 + [384] * 128 + [512] * 128 + [640] * 128] * 2, jnp.int32)
+    live = np.asarray(_live_tiles(seg, kv_end, 128))
+    want = np.tril(np.ones((5, 5), bool))
+    want[3, 2] = want[4, 2] = want[4, 3] = False
+    np.testing.assert_array_equal(live, want)
+    # Segments: tiles of different segments are skipped too.
+    packed = jnp.asarray([[1] * 256 + [2] * 384], jnp.int32)
+    live = np.asarray(_live_tiles(packed, jnp.full((1, 640), 640, jnp.int32), 128))
+    assert not live[2:, :2].any() and live[:2, :2][np.tril_indices(2)].all()
+
+
+def test_blockwise_memory_grows_with_the_row_not_its_square() -> None:
+    q, k, v = _qkv(8, 1, 4096, 4, 2, 32)
+    seg = jnp.ones((1, 4096), jnp.int32)
+
+    def temp_bytes(kernel: str) -> int:
+        loss = lambda q, k, v: attend(q, k, v, seg, kernel=kernel).sum()  # noqa: E731  # type: ignore[arg-type]
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
+        return int(compiled.memory_analysis().temp_size_in_bytes)
+
+    dense, blockwise = temp_bytes("xla"), temp_bytes("blockwise")
+    # Dense scores alone are 4 heads x 4096^2 float32 = 256 MiB; a row's q/k/v and gradients ~ 6 MiB.
+    assert dense > 256 * 2**20 and blockwise < 32 * 2**20, (dense, blockwise)
+
+
+def test_blockwise_in_the_model_matches_xla_with_remat() -> None:
+    config = ModelConfig(
+        architecture="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, remat="full", attention_kernel="xla",
+    )  # fmt: skip
+    tokens = jnp.asarray(np.random.default_rng(9).integers(0, 64, (2, 384)), jnp.int32)
+    seg, kv_end = jnp.asarray(_TREE_SEGMENTS), jnp.asarray(_TREE_KV_END)
+    # A random projection, not a norm of the (RMS-normed) output, whose gradient would be ~0.
+    cotangent = jnp.asarray(np.random.default_rng(10).normal(size=(2, 384, 32)), jnp.float32) * (seg != 0)[..., None]
+
+    def loss_and_grads(kernel: str) -> tuple[jax.Array, nnx.State]:
+        model = CausalLM(config.replace(attention_kernel=kernel), rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+
+        def loss(state: nnx.State) -> jax.Array:
+            hidden, _ = nnx.merge(graphdef, state).hidden(tokens, None, seg, kv_end)
+            return (hidden * cotangent).sum()
+
+        return jax.jit(jax.value_and_grad(loss))(state)
+
+    (want, want_grads), (got, got_grads) = loss_and_grads("xla"), loss_and_grads("blockwise")
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())

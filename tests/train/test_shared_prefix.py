@@ -5,6 +5,8 @@ aggregation mode."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from tiny import harness_groups, learner_config, rl_config, tiny_model
 
 from legorl_jax.core.config import MeshConfig
 from legorl_jax.models import token_logprobs
+from legorl_jax.models.attention import resolve_kernel
 from legorl_jax.rl.batching import PackedStep
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
@@ -49,10 +52,18 @@ def _logprobs_by_behaviour(learner: Learner, packed: PackedStep) -> dict[float, 
     return out
 
 
-def _train(mesh: jax.sharding.Mesh, share: bool, model_overrides: dict, **rl: object) -> dict:
-    cfg = learner_config(128).model_copy(update={"share_prefixes": share})
+def _train(
+    mesh: jax.sharding.Mesh,
+    share: bool,
+    model_overrides: dict,
+    bucket: int = 64,
+    rows: int = 2,
+    configs: int = 2,
+    **rl: object,
+) -> dict:
+    cfg = learner_config(rows * bucket).model_copy(update={"share_prefixes": share, "length_buckets": [bucket]})
     learner = Learner(tiny_model(**model_overrides), rl_config(**rl), cfg, mesh)
-    packed = learner.pack(harness_groups())
+    packed = learner.pack(harness_groups(configs=configs))
     logprobs = _logprobs_by_behaviour(learner, packed)
     grads, numerator, _ = learner.accumulate(packed)
     metrics = learner.train_step(packed)
@@ -83,7 +94,18 @@ MODES = [
 
 @pytest.mark.parametrize(("model", "rl"), MODES, ids=["ppo_token_kl", "gspo_seq_remat", "cispo_constant", "moe"])
 def test_shared_packing_is_exactly_unshared_training(mesh: jax.sharding.Mesh, model: dict, rl: dict) -> None:
-    plain, shared = _train(mesh, False, model, **rl), _train(mesh, True, model, **rl)
+    _assert_same_training(_train(mesh, False, model, **rl), _train(mesh, True, model, **rl))
+
+
+def test_shared_packing_through_blockwise_attention_is_exactly_unshared(mesh: jax.sharding.Mesh) -> None:
+    # Rows of three 128-token tiles run blockwise attention ("auto" on CPU), whose tile skipping
+    # reads the trie; four configurations make the tree two rows, one per micro-batch.
+    assert resolve_kernel("auto", jax.numpy.float32, tiny_model().config.head_dim, 384) == "blockwise"
+    run = partial(_train, mesh, model_overrides={"remat": "full"}, bucket=384, rows=1, configs=4, loss="ppo_clip")
+    _assert_same_training(run(False), run(True))
+
+
+def _assert_same_training(plain: dict, shared: dict) -> None:
     s_stats, p_stats = shared["packed"].stats, plain["packed"].stats
     assert any(mb.tree for mb in shared["packed"].micro_batches)
     assert len(shared["packed"].micro_batches) >= 2
