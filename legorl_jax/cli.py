@@ -12,7 +12,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("legorl_jax.commands.train_cmd", "GRPO training inside real harnesses (default: the embedded demo)"),
     "eval": ("legorl_jax.commands.eval_cmd", "pass rates of a model on tasks, per harness configuration"),
-    "plot": ("legorl_jax.commands.plot_cmd", "redraw a run's reward plot from its metrics.jsonl"),
+    "plot": ("legorl_jax.commands.plot_cmd", "redraw a run's reward plot and per-harness table from its metrics.jsonl"),
     "view": ("legorl_jax.commands.view_cmd", "browse a run in a local web app: curves, rollouts, trajectories, live"),
     "config": ("legorl_jax.commands.config_cmd", "show the resolved run config or its JSON schema"),
     "serve": ("legorl_jax.commands.serve_cmd", "run the embedded JAX inference engine (vLLM-compatible HTTP)"),

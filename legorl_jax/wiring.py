@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from legorl_jax.core.config import REPO_ROOT, Config
+from legorl_jax.demo.cli_model import ensure_cli_demo_model
 from legorl_jax.demo.demo_model import ensure_demo_model
 from legorl_jax.fleet import LocalServer
 from legorl_jax.train.loop import RunInputs, Trainer
@@ -30,11 +31,13 @@ def task_ids(config: Config, split: Split) -> list[str]:
 
 
 def model_dir(config: Config, progress: bool) -> Path:
-    """The configured model directory, or the embedded demo model (built once into the cache)."""
+    """The configured model directory, or the configured embedded demo model (built once into the cache)."""
     if config.model.path is not None:
         return Path(config.model.path)
-    cache = Path(os.environ.get("LEGORL_CACHE", REPO_ROOT / ".cache"))
-    return ensure_demo_model(cache / "demo_model", progress=progress)
+    cache = Path(os.environ.get("LEGORL_CACHE", REPO_ROOT / ".cache")) / "demo_model"
+    if config.model.demo_model == "cli":
+        return ensure_cli_demo_model(cache, progress=progress)
+    return ensure_demo_model(cache, progress=progress)
 
 
 def local_server(config: Config) -> LocalServer:

@@ -1,4 +1,4 @@
-"""`legorl plot RUN_DIR`: redraws a run's plots from its metrics.jsonl."""
+"""`legorl plot RUN_DIR`: redraws a run's plot and its per-harness table from its metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from legorl_jax.train.harness_table import write_harness_table
     from legorl_jax.train.plot import plot_run
 
     try:
@@ -19,4 +20,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"legorl plot: {exc}")
         return 1
     print(path)
+    table = write_harness_table(args.run_dir)
+    if table is not None:
+        print(table)
     return 0

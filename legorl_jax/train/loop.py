@@ -35,6 +35,7 @@ from legorl_jax.train.assemble import assemble, is_informative
 from legorl_jax.train.checkpoint import Checkpointer
 from legorl_jax.train.evaluate import evaluate
 from legorl_jax.train.groups import GroupSampler, HarnessChoice, group_spec, harness_choice
+from legorl_jax.train.harness_table import write_harness_table
 from legorl_jax.train.plot import plot_run
 from legorl_jax.train.publish import DirectoryPublisher, PublishStats, WeightSubscribers, publish_weights
 from legorl_jax.train.rollout_log import RolloutLog
@@ -215,6 +216,9 @@ class Trainer:
             checkpoints.close()
             runlog.close()
         plot_run(self.run_dir)
+        table = write_harness_table(self.run_dir)
+        if table is not None:
+            log.info("held-out results per harness (%s):\n%s", table, table.read_text(encoding="utf-8"))
         return self.run_dir
 
     @staticmethod

@@ -65,3 +65,30 @@ def test_a_tiny_cli_build_records_through_the_cli(tmp_path: Path) -> None:
     assert info["demonstrations"] == 2 and info["sft_steps"] == 2
     assert info["sequences"] >= 2 and info["padded_length"] <= tiny.max_context
     assert from_hf(built).config.vocab_size == 768
+
+
+@pytest.mark.parametrize("kind", ["lego", "cli"])
+def test_the_run_config_chooses_which_demo_model_to_build(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from legorl_jax import wiring
+    from legorl_jax.core.config import load_config
+
+    built: list[tuple[str, Path]] = []
+    # Spies in place of the builds (minutes to an hour): only which one the run asks for is under test.
+    monkeypatch.setattr(wiring, "ensure_demo_model", lambda cache, progress: built.append(("lego", cache)) or cache)
+    monkeypatch.setattr(wiring, "ensure_cli_demo_model", lambda cache, progress: built.append(("cli", cache)) or cache)
+    monkeypatch.setenv("LEGORL_CACHE", str(tmp_path))
+    config = load_config(overrides=[f"model.demo_model={kind}"])
+    assert wiring.model_dir(config, progress=False) == tmp_path / "demo_model"
+    assert built == [(kind, tmp_path / "demo_model")]
+    given = load_config(overrides=[f"model.demo_model={kind}", f"model.path={tmp_path / 'hf'}"])
+    assert wiring.model_dir(given, progress=False) == tmp_path / "hf" and len(built) == 1
+
+
+def test_the_cli_demo_config_builds_the_cli_model() -> None:
+    from legorl_jax.core.config import REPO_ROOT, load_config
+
+    config = load_config(REPO_ROOT / "configs" / "demo_cli.yaml")
+    assert config.model.path is None and config.model.demo_model == "cli"
+    assert {h.name for h in config.harness_mix.harnesses} == set(CLI_DEMO_SPEC.cli_harnesses)

@@ -13,6 +13,7 @@ from tensorboardX.proto import event_pb2
 from legorl_jax.fleet import GroupResult, GroupSpec
 from legorl_jax.train.assemble import rollout_metrics
 from legorl_jax.train.harness_metrics import harness_metrics
+from legorl_jax.train.harness_table import TABLE_FILE, harness_table, write_harness_table
 from legorl_jax.train.plot import harness_lines, plot_run
 from legorl_jax.train.run_log import RunLog
 from protos.legorl.v1 import rollout_pb2 as pb
@@ -130,3 +131,38 @@ def test_reward_png_has_a_held_out_line_per_harness(tmp_path: Path, count: int) 
     assert lines["codex"] == [(step, pytest.approx(0.1 * (count - 1) + 0.05 * step)) for step in (0, 1, 2)]
     out = plot_run(tmp_path / "run")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def eval_record(step: int, trials: list[pb.Trajectory]) -> dict[str, object]:
+    """An evaluation's metrics record as the loop writes it (`evaluate`'s keys)."""
+    metrics = harness_metrics(trials)
+    graded = [t.reward >= 1.0 for t in trials if t.HasField("reward")]
+    return {"step": step, "kind": "eval", "eval_pass_rate": sum(graded) / len(graded)} | {
+        f"eval_{k}": v for k, v in metrics.items()
+    }
+
+
+def test_harness_table_sets_each_configuration_first_evaluation_beside_its_last(tmp_path: Path) -> None:
+    first = [trial("codex", 0.0, prompt_tokens=9000), trial("codex", 1.0, tool_calls=2, prompt_tokens=9000)]
+    first += [trial("opencode", 0.0), trial("opencode", None)]
+    last = [trial("codex", 1.0, tool_calls=1, prompt_tokens=9200), trial("codex", 1.0, tool_calls=3)]
+    last += [trial("opencode", 1.0, tool_calls=1), trial("opencode", 0.0)]
+    records = [eval_record(0, first), {"step": 1, "kind": "train", "harness/codex/pass_rate": 1.0}]
+    assert harness_table(records) is None  # one evaluation: nothing to compare yet
+    records.append(eval_record(4, last))
+    table = harness_table(records)
+    assert table is not None
+    cells = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    rows = {row[0].strip("| `"): row for row in cells}
+    assert set(rows) == {"codex", "opencode"}
+    assert rows["codex"][1:4] == ["0.50 → 1.00", "+50.0", "2 → 2"]
+    assert rows["codex"][4] == "1.00 → 2.00" and rows["codex"][5] == "9,000 → 4,600"
+    # opencode's env failure at step 0 is counted there and left out of its pass rate.
+    assert rows["opencode"][1:3] == ["0.00 → 0.50", "+50.0"] and rows["opencode"][7] == "1 → 0"
+    assert "step 0 → step 4" in table and "All harnesses: 0.33 → 0.75." in table
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    written = write_harness_table(run)
+    assert written == run / TABLE_FILE and written.read_text() == table
