@@ -280,7 +280,9 @@ def ensure_demo_model(
     target = Path(cache_dir) / f"demo-model-{key[:20]}"
 
     def build(tmp: Path) -> None:
-        log.info("building the demo model into %s (one time; a few minutes)", target)
+        # The lego spec builds in minutes; the CLI spec records through Docker first and trains on
+        # longer rows (docs/benchmarks.md has both builds' times).
+        log.info("building the demo model into %s (one time: recording demonstrations, then SFT)", target)
         info = build_demo_model(tmp, spec, tasks, harnesses, progress=progress)
         info["cache_key"] = key
         (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
