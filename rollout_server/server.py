@@ -206,7 +206,7 @@ class RolloutServer:
             self._factory,
             core.store,
             proxy_port,
-            served,
+            core.model_name,
             policy_version=0,
             engine_healthy=engine.healthy,
             engine_epoch=self.engine.epoch,

@@ -105,7 +105,7 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
         phase = time.monotonic()
         status, reason, harness_metrics = await _run_agent(harness, sandbox, host, spec, session.key)
         times.agent_s = time.monotonic() - phase
-        status, reason = await _agent_outcome(status, reason, sandbox, host, spec, session.trajectory.cap_hit, epoch)
+        status, reason = await _agent_outcome(status, reason, sandbox, host, spec, session.trajectory, epoch)
 
         phase = time.monotonic()
         verdict = await asyncio.to_thread(verify, sandbox, spec.task, spec.verifier_timeout_s)
@@ -150,15 +150,21 @@ async def _agent_outcome(
     sandbox: Sandbox,
     host: TrialHost,
     spec: TrialSpec,
-    cap_hit: str | None,
+    captured: CapturedTrajectory,
     epoch: int,
 ) -> tuple[pb.TrialStatus, str]:
     """How the agent phase really ended, once the proxy, the sandbox and the engine have had their say."""
     if host.engine_epoch is not None and host.engine_epoch() != epoch:
         # The engine crashed under the agent: what it sampled may come from two processes and versions.
         return pb.TRIAL_STATUS_ENGINE_ERROR, f"inference engine restarted during the trial ({reason or 'no error'})"
-    if status == pb.TRIAL_STATUS_OK and cap_hit:
-        return pb.TRIAL_STATUS_CAP_EXCEEDED, f"proxy cap: {cap_hit}"
+    if status == pb.TRIAL_STATUS_OK and captured.cap_hit:
+        return pb.TRIAL_STATUS_CAP_EXCEEDED, f"proxy cap: {captured.cap_hit}"
+    if status == pb.TRIAL_STATUS_HARNESS_ERROR and captured.calls and captured.calls[-1].finish_reason == "length":
+        # The policy's last answer ran into the per-call token limit and the harness gave up on it (Claude
+        # Code stops with an API error): the policy's own doing, graded, or RL could never learn to stop
+        # rambling from the reward.
+        limit = captured.calls[-1].sampling.get("max_tokens", "?")
+        return pb.TRIAL_STATUS_CAP_EXCEEDED, f"the last completion hit max_tokens ({limit}), then: {reason}"[:1000]
     if status == pb.TRIAL_STATUS_OK and (killed := await asyncio.to_thread(sandbox.oom_kill_count)):
         # The agent's own commands outgrew the memory limit: a cap it hit, graded as the sandbox stands.
         limit = spec.task.config.environment.memory_mb

@@ -235,6 +235,14 @@ class ProxyConfig(SessionCaps):
     tool_call_format: Literal["hermes", "qwen3_coder", "llama3_json"] = Field(
         "hermes", description="How the model writes tool calls, named after the vLLM tool parser that reads them."
     )
+    model_name: str = Field(
+        "policy",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+        description="The model name harnesses are given and /v1/models lists; calls reach the engine under its own "
+        "served name (a launched engine serves its weights path, which some CLIs refuse: Claude Code takes no '/'). "
+        "Harness prompts can quote it (Claude Code's names its model), so a policy warm-started on CLI "
+        "demonstrations should be given the name they were recorded under.",
+    )
     chat_template: str | None = Field(
         None, description="A Jinja chat template file used instead of the tokenizer's (one that renders tools, say)."
     )

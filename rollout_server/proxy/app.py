@@ -176,7 +176,7 @@ class ProxyApp:
             self._session(request)
         except ProxyError as err:
             return self._error(self.openai, err)
-        name = self.core.engine.model
+        name = self.core.model_name
         return FastJSONResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "legorl"}]})
 
     async def gemini_call(self, request: Request) -> Response:

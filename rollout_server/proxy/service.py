@@ -49,9 +49,12 @@ class ProxyCore:
         *,
         max_context: int,
         tool_call_format: ToolCallFormat = "hermes",
+        model_name: str | None = None,
     ) -> None:
         self.template = template
         self.engine = engine
+        # What harnesses call the model (and /v1/models lists); calls reach the engine under its own name.
+        self.model_name = model_name or engine.model
         self.store = store
         self.max_context = max_context
         self.tool_call_format: ToolCallFormat = tool_call_format
@@ -276,4 +279,5 @@ def build_core(
         store,
         max_context=max_context,
         tool_call_format=cfg.tool_call_format,
+        model_name=cfg.model_name,
     )
