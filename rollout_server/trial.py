@@ -157,7 +157,8 @@ async def _agent_outcome(
     if host.engine_epoch is not None and host.engine_epoch() != epoch:
         # The engine crashed under the agent: what it sampled may come from two processes and versions.
         return pb.TRIAL_STATUS_ENGINE_ERROR, f"inference engine restarted during the trial ({reason or 'no error'})"
-    if status == pb.TRIAL_STATUS_OK and captured.cap_hit:
+    if status in (pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_HARNESS_ERROR) and captured.cap_hit:
+        # A CLI told "session limit reached" may exit with an error: the policy spent the budget all the same.
         return pb.TRIAL_STATUS_CAP_EXCEEDED, f"proxy cap: {captured.cap_hit}"
     if status == pb.TRIAL_STATUS_HARNESS_ERROR and captured.calls and captured.calls[-1].finish_reason == "length":
         # The policy's last answer ran into the per-call token limit and the harness gave up on it (Claude

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.proxy.trajectory import CallRecord, CapturedTrajectory
 from rollout_server.trial import _GRADED, TrialHost, _agent_outcome
@@ -74,3 +76,13 @@ def test_a_harness_that_gives_up_on_a_cut_answer_is_graded_as_the_policys_cap() 
     assert _outcome(host, 0, pb.TRIAL_STATUS_HARNESS_ERROR, error)[0] == pb.TRIAL_STATUS_HARNESS_ERROR
     # A cut answer the harness carried on from is an ordinary graded end.
     assert _outcome(host, 0, pb.TRIAL_STATUS_OK, "", cut) == (pb.TRIAL_STATUS_OK, "")
+
+
+@pytest.mark.parametrize("status", [pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_HARNESS_ERROR])
+def test_a_proxy_cap_is_the_policys_whether_or_not_the_harness_then_fails(status: pb.TrialStatus) -> None:
+    host = TrialHost(None, None, 0, "policy", 3)  # type: ignore[arg-type]
+    capped = CapturedTrajectory(calls=[_call("stop")], cap_hit="max_model_calls (8)")
+    assert _outcome(host, 0, status, "API Error: 429 session limit reached", capped) == (
+        pb.TRIAL_STATUS_CAP_EXCEEDED,
+        "proxy cap: max_model_calls (8)",
+    )
