@@ -53,11 +53,16 @@ class ProxyCore:
     ) -> None:
         self.template = template
         self.engine = engine
-        # What harnesses call the model (and /v1/models lists); calls reach the engine under its own name.
-        self.model_name = model_name or engine.model
+        self._model_name = model_name
         self.store = store
         self.max_context = max_context
         self.tool_call_format: ToolCallFormat = tool_call_format
+
+    @property
+    def model_name(self) -> str:
+        """What harnesses call the model (and /v1/models lists): the given name, else the engine's. Calls
+        reach the engine under its own name either way; asked only when a harness needs the name."""
+        return self._model_name or self.engine.model
 
     def _thinking(self, session: Session, request: ChatRequest) -> bool:
         if session.spec.enable_thinking is not None:
