@@ -33,7 +33,7 @@ class ModelRunConfig(Strict):
         "lego",
         description="Which embedded demo model `path: null` builds (once; cached under .cache/demo_model): lego = "
         "warm-started on demonstrations through the lego harness (a few minutes); cli = through the real harness "
-        "CLIs in Docker (legorl_jax/demo/cli_model.py; under an hour on 2 CPU cores).",
+        "CLIs in Docker (legorl_jax/demo/cli_model.py; up to about 1.5 hours on 2 CPU cores).",
     )
     param_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Dtype of the stored (master) parameters."
