@@ -67,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("legorl_jax").setLevel(logging.INFO)
     if args.verbose:
         logging.getLogger("rollout_server").setLevel(logging.INFO)
-    trainer = build_trainer(config, progress=False if args.no_progress else None)
+    # Before anything touches a device: a multi-host job sees its global devices only after joining.
+    leader = join_process_group(config.learner.heartbeat_timeout_s)
+    trainer = build_trainer(config, progress=None if leader and not args.no_progress else False)
     print(f"legorl train: run directory {trainer.run_dir}", flush=True)
     outcome = asyncio.run(run_until_signalled(trainer))
     if isinstance(outcome, signal.Signals):
@@ -77,5 +79,20 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 128 + outcome.value
+    if not leader:
+        print("legorl train: done; process 0 wrote the run's records", flush=True)
+        return 0
     print(f"legorl train: done; metrics in {outcome / 'metrics.jsonl'}, plot {outcome / 'reward.png'}", flush=True)
     return 0
+
+
+def join_process_group(heartbeat_timeout_s: int) -> bool:
+    """Joins the process group the environment names (docs/multihost.md), logs it, and
+    says whether this process leads (process 0, or the only process)."""
+    import jax
+
+    from legorl_jax.train.distributed import describe_group, initialize_distributed
+
+    if initialize_distributed(heartbeat_timeout_s=heartbeat_timeout_s):
+        log.info("joined the process group: %s", describe_group())
+    return jax.process_index() == 0

@@ -113,6 +113,12 @@ class LearnerConfig(Strict):
     share_prefixes: bool = Field(
         True, description="Compute prompt prefixes that sequences share (system, tools, task) once per micro-batch."
     )
+    heartbeat_timeout_s: int = Field(
+        60,
+        ge=5,
+        description="Several processes (docs/multihost.md): how long a process may go silent before the "
+        "others stop with an error naming it.",
+    )
 
 
 class SamplingConfig(Strict):

@@ -70,7 +70,8 @@ class Checkpointer:
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(learner.params),
             opt_state=ocp.args.StandardSave(learner.opt_state),
-            rng=ocp.args.StandardSave({"key_data": jax.random.key_data(rng)}),
+            # On the host: a device key is local to one process, which Orbax cannot save across several.
+            rng=ocp.args.StandardSave({"key_data": np.asarray(jax.random.key_data(rng))}),
             meta=ocp.args.JsonSave(meta),
         )
         return self.manager.save(learner.step, args=args, force=_agree(force))

@@ -10,6 +10,12 @@ at step 0, every `tasks.eval_every` steps and at the end.
 With `rl.max_policy_lag = k > 0`, rollouts for the next steps run while the
 learner trains (up to k batches ahead); sequences sampled by a policy more
 than k versions old are dropped.
+
+On several processes (`jax.distributed`, docs/multihost.md) this is one job:
+process 0 builds the model, drives the fleet, evaluates and writes the run's
+records; the others wait for its word (`coordination.ProcessGroup`), and all
+of them load the same model, restore the same checkpoint, train on the same
+batch, publish (process 0 writes) and checkpoint together.
 """
 
 from __future__ import annotations
@@ -33,11 +39,18 @@ from legorl_jax.models import from_hf
 from legorl_jax.rl.batching import TrainSequence
 from legorl_jax.train.assemble import assemble, is_informative
 from legorl_jax.train.checkpoint import Checkpointer
+from legorl_jax.train.coordination import ProcessGroup, digest, directory_digest
 from legorl_jax.train.evaluate import evaluate
 from legorl_jax.train.groups import GroupSampler, HarnessChoice, group_spec, harness_choice
 from legorl_jax.train.harness_table import write_harness_table
 from legorl_jax.train.plot import plot_run
-from legorl_jax.train.publish import DirectoryPublisher, PublishStats, WeightSubscribers, publish_weights
+from legorl_jax.train.publish import (
+    DirectoryPublisher,
+    PublishReport,
+    PublishStats,
+    WeightSubscribers,
+    publish_weights,
+)
 from legorl_jax.train.rollout_log import RolloutLog
 from legorl_jax.train.run_log import RunLog
 from legorl_jax.train.sharding import learner_mesh
@@ -45,6 +58,24 @@ from legorl_jax.train.step import Learner
 from legorl_jax.train.weight_stream import WeightStreamer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _StepOrder:
+    """Process 0's word on a step: the sequences every process trains on (none: the
+    update is skipped) and whether the learner's logprobs are wanted back."""
+
+    sequences: list[TrainSequence]
+    keep_logprobs: bool
+
+
+@dataclass(frozen=True)
+class _SaveOrder:
+    """Process 0's word on a step's checkpoint: what every process saves with it."""
+
+    policy_version: int
+    cursor: dict
+    force: bool
 
 
 @dataclass
@@ -73,8 +104,8 @@ class RunInputs:
 
 @dataclass
 class _Run:
-    """What a run holds while it steps: the fleet and what publishes to it, the
-    task sampler, the learner and its checkpoints, the logs, the evaluation set."""
+    """What process 0 holds while it steps: the fleet and what publishes to it,
+    the task sampler, the learner and its checkpoints, the logs, the evaluation set."""
 
     fleet: Fleet
     subscribers: WeightSubscribers
@@ -89,6 +120,13 @@ class _Run:
     progress: tqdm
 
 
+class _NoSubscribers:
+    """The other processes' side of a publish: they help gather the weights; process 0 loads them on the fleet."""
+
+    async def update_weights(self, version: int, location: str) -> dict[str, int]:
+        return {}
+
+
 class Trainer:
     def __init__(self, config: Config, inputs: RunInputs, *, progress: bool | None = None) -> None:
         self.config = config
@@ -97,7 +135,8 @@ class Trainer:
         self.progress = config.logging.progress if progress is None else progress
         self.version = 0
         self.step = 0
-        self.rollouts: RolloutLog | None = None  # set by run()
+        self.rollouts: RolloutLog | None = None  # set by run() on process 0
+        self.group: ProcessGroup | None = None  # set by run()
 
     # ---------------------------------------------------------------- setup --
 
@@ -154,30 +193,46 @@ class Trainer:
     # ----------------------------------------------------------------- loop --
 
     async def run(self) -> Path:
-        cfg = self.config
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        """Trains to `total_steps` and returns the run directory (every process returns it)."""
+        group = self.group = ProcessGroup()
+        if group.count > 1:
+            log.info("%s: %d local devices of %d", group, jax.local_device_count(), jax.device_count())
+        try:
+            return await self._run(group)
+        except BaseException as exc:
+            # Followers wait on process 0's word: tell them the run is over, or they wait for a heartbeat timeout.
+            await group.abort(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            raise
+
+    async def _model_dir(self, group: ProcessGroup) -> Path:
+        """The starting model, built by process 0 first; the others then find it (shared
+        storage) or build their own, and every process must hold the same files."""
         # In a thread: building the demo model runs an event loop of its own.
-        model_dir = await asyncio.to_thread(self.inputs.model_dir)
+        model_dir = await asyncio.to_thread(self.inputs.model_dir) if group.is_leader else None
+        await group.share("model ready")
+        if model_dir is None:
+            model_dir = await asyncio.to_thread(self.inputs.model_dir)
+        if group.count > 1:
+            await asyncio.to_thread(group.agree, f"the starting model ({model_dir})", directory_digest(model_dir))
+        return model_dir
+
+    async def _run(self, group: ProcessGroup) -> Path:
+        cfg = self.config
+        if group.is_leader:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        model_dir = await self._model_dir(group)
         learner = await asyncio.to_thread(self._build_learner, model_dir)
         checkpoints = Checkpointer(self.run_dir / "checkpoints", cfg.learner.checkpoint)
         rng = jax.random.key(cfg.seed)
-        train_ids = self.inputs.task_ids("train")
-        eval_ids = self.inputs.task_ids("eval")
-        if not eval_ids:
-            log.warning("no held-out tasks configured: evaluating on the training tasks")
-            eval_ids = train_ids
-        choices = [harness_choice(h) for h in cfg.harness_mix.harnesses]
-        sampler = GroupSampler(train_ids, cfg.harness_mix.harnesses, cfg.seed)
         restored = checkpoints.restore_latest(learner)
+        cursor: dict = {}
         if restored is not None:
-            self.step, self.version, rng = restored.step, restored.policy_version, restored.rng
-            sampler.restore(restored.cursor.get("sampler", {}))
+            self.step, self.version, rng, cursor = restored.step, restored.policy_version, restored.rng, restored.cursor
             log.info("resumed from checkpoint at step %d (policy version %d)", self.step, self.version)
-        # Without a checkpoint nothing of an earlier attempt counts, its step-0 evaluation included.
-        kept = self.step if restored is not None else -1
-        runlog = RunLog(self.run_dir, resume_step=kept, tensorboard=cfg.logging.tensorboard)
-        self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=kept, tokens=cfg.logging.rollout_tokens)
+        if group.count > 1:
+            state = digest(self.step, self.version, np.asarray(jax.random.key_data(rng)), sorted(cursor.items()))
+            await asyncio.to_thread(group.agree, "the restored step, policy version, RNG and sampler cursor", state)
         weights_dir = cfg.fleet.weights_dir or self.run_dir / "weights"
         # The engines sample in the learner's compute dtype: publishing in it halves the bytes of f32 masters.
         publisher = DirectoryPublisher(
@@ -189,6 +244,25 @@ class Trainer:
         )
         # Step-0 rollouts must see the learner's real weights: publish before any rollout.
         location = await asyncio.to_thread(publisher.publish, learner.model(), self.version)
+        if not group.is_leader:
+            try:
+                await self._follow(learner, checkpoints, publisher, rng)
+            finally:
+                checkpoints.wait()
+                checkpoints.close()
+            return self.run_dir
+        train_ids = self.inputs.task_ids("train")
+        eval_ids = self.inputs.task_ids("eval")
+        if not eval_ids:
+            log.warning("no held-out tasks configured: evaluating on the training tasks")
+            eval_ids = train_ids
+        choices = [harness_choice(h) for h in cfg.harness_mix.harnesses]
+        sampler = GroupSampler(train_ids, cfg.harness_mix.harnesses, cfg.seed)
+        sampler.restore(cursor.get("sampler", {}))
+        # Without a checkpoint nothing of an earlier attempt counts, its step-0 evaluation included.
+        kept = self.step if restored is not None else -1
+        runlog = RunLog(self.run_dir, resume_step=kept, tensorboard=cfg.logging.tensorboard)
+        self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=kept, tokens=cfg.logging.rollout_tokens)
         progress = _progress(cfg.total_steps, self.step, self.progress)
         try:
             async with self.fleet_session(Path(location.removeprefix("file://"))) as fleet:
@@ -232,12 +306,45 @@ class Trainer:
         return get.result()
 
     def _train(
-        self, learner: Learner, sequences: list[TrainSequence]
+        self, learner: Learner, sequences: list[TrainSequence], keep_logprobs: bool
     ) -> tuple[dict[str, float], list[np.ndarray | None]]:
-        """One update: its metrics, and its per-token logprobs when the rollout log keeps them."""
-        result = learner.update(learner.pack(sequences))
-        keep = self.rollouts is not None and self.rollouts.wants_learner_logprobs()
-        return result.metrics, result.sequence_logprobs() if keep else []
+        """One update: its metrics, and its per-token logprobs when asked for (the rollout log keeps them)."""
+        packed = learner.pack(sequences)
+        assert self.group is not None
+        if self.group.count > 1:
+            self.group.agree(f"step {learner.step + 1}'s packed batch", learner.batch_digest(packed))
+        result = learner.update(packed)
+        return result.metrics, result.sequence_logprobs() if keep_logprobs else []
+
+    async def _update(
+        self, learner: Learner, publisher: DirectoryPublisher, subscribers: WeightSubscribers, step: _StepOrder
+    ) -> tuple[dict[str, float], list[np.ndarray | None], float, PublishReport]:
+        """What every process does with a step's batch: train (or skip), then publish the new version."""
+        started = time.monotonic()
+        learner_logprobs: list[np.ndarray | None] = []  # per trained sequence, for rollouts.jsonl
+        if step.sequences:
+            metrics, learner_logprobs = await asyncio.to_thread(
+                self._train, learner, step.sequences, step.keep_logprobs
+            )
+        else:
+            metrics = {"skipped_update": 1.0}  # no group had reward contrast after every retry
+            learner.step += 1
+        learner_s = time.monotonic() - started
+        self.step = learner.step
+        published = await publish_weights(publisher, subscribers, learner.model(), self.version + 1)
+        self.version = published.version
+        return metrics, learner_logprobs, learner_s, published
+
+    async def _follow(
+        self, learner: Learner, checkpoints: Checkpointer, publisher: DirectoryPublisher, rng: jax.Array
+    ) -> None:
+        """A process other than 0: each step, the batch and the checkpoint process 0 orders."""
+        assert self.group is not None
+        while self.step < self.config.total_steps:
+            step: _StepOrder = await self.group.share("step")
+            await self._update(learner, publisher, _NoSubscribers(), step)
+            save: _SaveOrder = await self.group.share("checkpoint")
+            checkpoints.save(learner, policy_version=save.policy_version, rng=rng, cursor=save.cursor, force=save.force)
 
     def _subscribers(self, fleet: Fleet) -> WeightSubscribers:
         if self.config.fleet.weights_transport == "location":
@@ -247,7 +354,7 @@ class Trainer:
     async def _steps(self, run: _Run) -> None:
         cfg, learner, sampler = self.config, run.learner, run.sampler
         rollouts = self.rollouts
-        assert rollouts is not None  # run() opens the rollout log before stepping
+        assert rollouts is not None and self.group is not None  # run() sets both before stepping
         lag = cfg.rl.max_policy_lag
         ahead: asyncio.Queue[Batch] = asyncio.Queue(maxsize=max(lag, 1))
         # The batch for step s may start only once step s-1-lag is done, so every
@@ -267,19 +374,11 @@ class Trainer:
             while self.step < cfg.total_steps:
                 batch = await (self._next_batch(ahead, producer) if producer else self._collect(run.fleet, sampler))
                 assembled = assemble(batch.groups, cfg.rl.advantage, min_policy_version=self.version - lag)
-                started = time.monotonic()
-                learner_logprobs: list[np.ndarray | None] = []  # per trained sequence, for rollouts.jsonl
-                if assembled.sequences:
-                    metrics, learner_logprobs = await asyncio.to_thread(self._train, learner, assembled.sequences)
-                else:
-                    metrics = {"skipped_update": 1.0}  # no group had reward contrast after every retry
-                    learner.step += 1
-                learner_s = time.monotonic() - started
-                self.step = learner.step
-                # The version moves once the fleet serves it: a rollout started meanwhile
-                # (lag > 0) must not ask for weights no server has loaded yet.
-                published = await publish_weights(run.publisher, run.subscribers, learner.model(), self.version + 1)
-                self.version = published.version
+                keep = rollouts.wants_learner_logprobs()
+                order = await self.group.share("step", _StepOrder(assembled.sequences, keep))
+                metrics, learner_logprobs, learner_s, published = await self._update(
+                    learner, run.publisher, run.subscribers, order
+                )
                 may_start.release()
                 record = {
                     "step": self.step,
@@ -310,12 +409,11 @@ class Trainer:
                     run.progress.write(f"eval @ step {self.step}: pass rate {pass_rate:.3f}")
                 # Last: a checkpoint at this step means every log line of the step is on disk, and a
                 # run killed before it resumes one step back with those lines cut away.
+                save = await self.group.share(
+                    "checkpoint", _SaveOrder(self.version, {"sampler": sampler.cursor}, self.step == cfg.total_steps)
+                )
                 run.checkpoints.save(
-                    learner,
-                    policy_version=self.version,
-                    rng=run.rng,
-                    cursor={"sampler": sampler.cursor},
-                    force=self.step == cfg.total_steps,
+                    learner, policy_version=save.policy_version, rng=run.rng, cursor=save.cursor, force=save.force
                 )
         finally:
             if producer is not None:

@@ -35,6 +35,7 @@ from legorl_jax.models import CausalLM, batch_sharding, token_logprobs_with_aux
 from legorl_jax.rl.batching import MicroBatch, PackedStep, TrainSequence, pack_step
 from legorl_jax.rl.losses import PolicyInputs, policy_loss
 from legorl_jax.rl.metrics import finalize, merge, micro_batch_metrics
+from legorl_jax.train.coordination import digest
 from legorl_jax.train.optim import build_optimizer, learning_rate_schedule
 from legorl_jax.train.sharding import (
     Params,
@@ -146,6 +147,14 @@ class Learner:
             share_prefixes=self.cfg.share_prefixes,
             fit_rows=fit_rows,
         )
+
+    def batch_digest(self, packed: PackedStep) -> str:
+        """A digest of exactly what `update(packed)` feeds the devices: processes of
+        one job compare it before training, so none trains on a batch of its own."""
+        arrays = [
+            getattr(mb, k) for mb in packed.micro_batches for k in BATCH_KEYS + TREE_KEYS if getattr(mb, k) is not None
+        ]
+        return digest(packed.normaliser, *arrays)
 
     def model(self) -> CausalLM:
         """The current policy as an NNX module sharing the learner's arrays: valid
