@@ -33,8 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from legorl_jax.commands.train_cmd import join_process_group
     from legorl_jax.core.config import ConfigError, HarnessSpec, load_config
     from legorl_jax.fleet import configured_fleet
+    from legorl_jax.train.coordination import ProcessGroup
     from legorl_jax.train.evaluate import evaluate
     from legorl_jax.train.groups import harness_choice
     from legorl_jax.wiring import local_server, task_ids
@@ -53,11 +55,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("no evaluation tasks: pass --tasks, or set tasks.eval or tasks.demo in the config")
     if args.samples < 1:
         raise ConfigError("--samples must be at least 1")
+    join_process_group(config.learner.heartbeat_timeout_s)
 
     async def main() -> dict[str, float]:
         async with configured_fleet(config.fleet, local_server(config), Path(args.model)) as fleet:
             return await evaluate(fleet, config, ids * args.samples, choices, policy_version=0, step=0)
 
-    results = asyncio.run(main())
+    # One evaluation, not one per process: process 0 runs it, the others wait for it to end.
+    results = asyncio.run(ProcessGroup().leader_only(main))
+    if results is None:
+        print("legorl eval: process 0 evaluated; its output has the results", flush=True)
+        return 0
     print(json.dumps({"tasks": len(ids), "samples": args.samples, **results}, indent=2))
     return 0

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,6 +63,7 @@ async def run_until_signalled(trainer: Trainer) -> Path | signal.Signals:
 
 def run(args: argparse.Namespace) -> int:
     from legorl_jax.core.config import load_config
+    from legorl_jax.train.coordination import LeaderStoppedError, ProcessFailedError
     from legorl_jax.wiring import trainer as build_trainer
 
     config = load_config(args.config, args.overrides)
@@ -71,7 +75,19 @@ def run(args: argparse.Namespace) -> int:
     leader = join_process_group(config.learner.heartbeat_timeout_s)
     trainer = build_trainer(config, progress=None if leader and not args.no_progress else False)
     print(f"legorl train: run directory {trainer.run_dir}", flush=True)
-    outcome = asyncio.run(run_until_signalled(trainer))
+    try:
+        outcome = asyncio.run(run_until_signalled(trainer))
+    except (LeaderStoppedError, ProcessFailedError) as exc:
+        print(f"legorl train: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except Exception:
+        if leader:
+            raise
+        # Not through JAX's shutdown, which would wait for process 0 while it may wait in a collective
+        # for this process: gone at once, the heartbeat timeout bounds process 0's wait.
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
     if isinstance(outcome, signal.Signals):
         print(
             f"legorl train: stopped by {outcome.name} after step {trainer.step}; "

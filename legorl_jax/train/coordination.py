@@ -22,13 +22,15 @@ import hashlib
 import logging
 import pickle
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import jax
 import numpy as np
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _PREFIX = "legorl"
 _CHUNK_BYTES = 16 << 20  # well under the coordination service's gRPC message limit
@@ -43,6 +45,10 @@ class DivergedError(RuntimeError):
 
 class LeaderStoppedError(RuntimeError):
     """Process 0 ended the run early; the followers stop with it."""
+
+
+class ProcessFailedError(RuntimeError):
+    """Another process of the job failed; this one stops too."""
 
 
 class _KeyValueClient(Protocol):
@@ -113,6 +119,20 @@ class ProcessGroup:
             raise DivergedError(f"{self}: expected message {tag!r} from process 0, got {got_tag!r}")
         return got
 
+    async def leader_only(self, work: Callable[[], Awaitable[T]]) -> T | None:
+        """Runs `work` on the leader while the others wait for it to end, so the job's processes
+        leave together (JAX's shutdown waits only so long for the last one); None off the leader."""
+        if not self.is_leader:
+            await self.share("done")
+            return None
+        try:
+            result = await work()
+        except BaseException as exc:
+            await self.abort(f"{type(exc).__name__}: {exc}")
+            raise
+        await self.share("done")
+        return result
+
     async def abort(self, reason: str) -> None:
         """Tells the followers the leader ends the run early (best effort: the leader is failing)."""
         if self._client is None or not self.is_leader:
@@ -121,6 +141,25 @@ class ProcessGroup:
             await asyncio.to_thread(self._send, self._sent, "abort", reason)
         except Exception:  # noqa: BLE001 - the run is already failing for a reason of its own
             log.exception("could not tell the other processes that the run stops")
+
+    def report_failure(self, reason: str) -> None:
+        """A follower's last word before it exits: the leader's `watch` stops the run with it."""
+        if self._client is None or self.is_leader:
+            return
+        try:
+            self._client.key_value_set_bytes(f"{_PREFIX}/failed/{self.index}", reason.encode(), allow_overwrite=True)
+        except Exception:  # noqa: BLE001 - the heartbeat timeout still stops the job
+            log.exception("could not tell process 0 that this process failed")
+
+    async def watch(self) -> None:
+        """On the leader, while the run lasts: raises `ProcessFailedError` once a follower reports a failure."""
+        client = self._client
+        if client is None or not self.is_leader:
+            return
+        while not (failed := await asyncio.to_thread(client.key_value_dir_get_bytes, f"{_PREFIX}/failed/")):
+            await asyncio.sleep(_POLL_MS / 1000)
+        key, reason = failed[0]
+        raise ProcessFailedError(f"process {key.rsplit('/', 1)[-1]} stopped the run: {reason.decode()}")
 
     def _send(self, seq: int, tag: str, value: Any) -> None:
         assert self._client is not None

@@ -24,10 +24,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import jax
 import numpy as np
@@ -58,6 +58,7 @@ from legorl_jax.train.step import Learner
 from legorl_jax.train.weight_stream import WeightStreamer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -198,10 +199,13 @@ class Trainer:
         if group.count > 1:
             log.info("%s: %d local devices of %d", group, jax.local_device_count(), jax.device_count())
         try:
-            return await self._run(group)
+            return await _first_failure(self._run(group), group.watch())
         except BaseException as exc:
-            # Followers wait on process 0's word: tell them the run is over, or they wait for a heartbeat timeout.
-            await group.abort(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            # The others wait on process 0's word, or it on theirs: say the run is over, or they wait
+            # for a heartbeat timeout.
+            group.report_failure(reason)
+            await group.abort(reason)
             raise
 
     async def _model_dir(self, group: ProcessGroup) -> Path:
@@ -250,6 +254,7 @@ class Trainer:
             finally:
                 checkpoints.wait()
                 checkpoints.close()
+            await group.share("finished")  # leave with process 0: JAX's shutdown waits only so long
             return self.run_dir
         train_ids = self.inputs.task_ids("train")
         eval_ids = self.inputs.task_ids("eval")
@@ -293,6 +298,7 @@ class Trainer:
         table = write_harness_table(self.run_dir)
         if table is not None:
             log.info("held-out results per harness (%s):\n%s", table, table.read_text(encoding="utf-8"))
+        await group.share("finished")
         return self.run_dir
 
     @staticmethod
@@ -420,6 +426,26 @@ class Trainer:
                 producer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await producer
+
+
+async def _first_failure(work: Coroutine[Any, Any, T], watch: Coroutine[Any, Any, None]) -> T:
+    """`work`'s result, unless `watch` raises first: then `work` is cancelled (its cleanup runs)
+    and `watch`'s error raised."""
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(watch)
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        if watcher.done() and watcher.exception() is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            watcher.result()
+        return await task  # the watch ended quietly (a single process): the work goes on
+    finally:
+        for t in (task, watcher):
+            t.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
 
 
 def _progress(total: int, done: int, enabled: bool):

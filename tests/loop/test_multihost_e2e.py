@@ -117,8 +117,18 @@ def test_two_processes_are_one_job_and_resume_as_one(model_dir: Path, tmp_path: 
     assert (run / "weights" / "LATEST").read_text().strip() == "v00000004"
 
 
-@pytest.mark.parametrize("victim", [1, 0], ids=["follower-killed", "leader-killed"])
-def test_a_killed_process_stops_the_other(model_dir: Path, tmp_path: Path, victim: int) -> None:
+@pytest.mark.parametrize(
+    ("victim", "sig", "said"),
+    [
+        (1, signal.SIGKILL, "JAX distributed service detected fatal errors"),
+        (0, signal.SIGKILL, "JAX distributed service detected fatal errors"),
+        (1, signal.SIGTERM, "process 1 stopped the run: CancelledError"),
+    ],
+    ids=["follower-killed", "leader-killed", "follower-terminated"],
+)
+def test_a_stopped_process_stops_the_other(
+    model_dir: Path, tmp_path: Path, victim: int, sig: signal.Signals, said: str
+) -> None:
     run = tmp_path / "e2e"
     job = start(command(model_dir, tmp_path, 50), tmp_path, processes=2, devices=2, name="killed")
     try:
@@ -127,7 +137,7 @@ def test_a_killed_process_stops_the_other(model_dir: Path, tmp_path: Path, victi
             assert all(p.poll() is None for p in job.procs), job.report()
             assert time.monotonic() < deadline, "no second step within 10 minutes"
             time.sleep(0.5)
-        job.procs[victim].send_signal(signal.SIGKILL)
+        job.procs[victim].send_signal(sig)
         killed = time.monotonic()
         survivor = job.procs[1 - victim]
         survivor.wait(timeout=HEARTBEAT_S + 50)
@@ -136,7 +146,7 @@ def test_a_killed_process_stops_the_other(model_dir: Path, tmp_path: Path, victi
         job.kill()
     assert survivor.returncode != 0, job.report()
     assert stopped_after < HEARTBEAT_S + 50
-    assert "JAX distributed service detected fatal errors" in job.logs[1 - victim].read_text()
+    assert said in job.logs[1 - victim].read_text()
     # Nothing half-published is a version: LATEST names a complete one.
     latest = (run / "weights" / "LATEST").read_text().strip()
     assert (run / "weights" / latest / "weights.json").is_file()
