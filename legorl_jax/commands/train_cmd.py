@@ -10,7 +10,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from legorl_jax.commands import add_config_arguments
 
@@ -83,23 +83,31 @@ def run(args: argparse.Namespace) -> int:
     except Exception:
         if leader:
             raise
-        # Not through JAX's shutdown, which would wait for process 0 while it may wait in a collective
-        # for this process: gone at once, the heartbeat timeout bounds process 0's wait.
         traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+        _leave_now(1)
     if isinstance(outcome, signal.Signals):
         print(
             f"legorl train: stopped by {outcome.name} after step {trainer.step}; "
             f"run the same command again to resume from the last checkpoint in {trainer.run_dir / 'checkpoints'}",
             flush=True,
         )
+        if not leader:
+            _leave_now(128 + outcome.value)
         return 128 + outcome.value
     if not leader:
         print("legorl train: done; process 0 wrote the run's records", flush=True)
         return 0
     print(f"legorl train: done; metrics in {outcome / 'metrics.jsonl'}, plot {outcome / 'reward.png'}", flush=True)
     return 0
+
+
+def _leave_now(code: int) -> NoReturn:
+    """A follower that stops early leaves at once, not through JAX's shutdown, which would wait
+    for process 0 while process 0 may wait in a collective for this process: gone, the heartbeat
+    timeout bounds process 0's wait. It told process 0 why before (`Trainer.run`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def join_process_group(heartbeat_timeout_s: int) -> bool:

@@ -159,7 +159,10 @@ class ProcessGroup:
         while not (failed := await asyncio.to_thread(client.key_value_dir_get_bytes, f"{_PREFIX}/failed/")):
             await asyncio.sleep(_POLL_MS / 1000)
         key, reason = failed[0]
-        raise ProcessFailedError(f"process {key.rsplit('/', 1)[-1]} stopped the run: {reason.decode()}")
+        error = ProcessFailedError(f"process {key.rsplit('/', 1)[-1]} stopped the run: {reason.decode()}")
+        # Now: process 0 may be held in a collective the stopped process never joins, until the heartbeat timeout.
+        log.error("%s; stopping", error)
+        raise error
 
     def _send(self, seq: int, tag: str, value: Any) -> None:
         assert self._client is not None

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow  # whole multi-process `legorl train` runs: about 
 
 HERE = Path(__file__).resolve().parent
 HEARTBEAT_S = 10
+FATAL = "JAX distributed service detected fatal errors"
 
 
 def _free_port() -> int:
@@ -120,14 +121,16 @@ def test_two_processes_are_one_job_and_resume_as_one(model_dir: Path, tmp_path: 
 @pytest.mark.parametrize(
     ("victim", "sig", "said"),
     [
-        (1, signal.SIGKILL, "JAX distributed service detected fatal errors"),
-        (0, signal.SIGKILL, "JAX distributed service detected fatal errors"),
-        (1, signal.SIGTERM, "process 1 stopped the run: CancelledError"),
+        (1, signal.SIGKILL, (FATAL,)),
+        (0, signal.SIGKILL, (FATAL,)),
+        # Told at once; but process 0 held in a collective (or a checkpoint's barrier) that the stopped
+        # process never joins hears it from the heartbeat.
+        (1, signal.SIGTERM, ("process 1 stopped the run: CancelledError", FATAL)),
     ],
     ids=["follower-killed", "leader-killed", "follower-terminated"],
 )
 def test_a_stopped_process_stops_the_other(
-    model_dir: Path, tmp_path: Path, victim: int, sig: signal.Signals, said: str
+    model_dir: Path, tmp_path: Path, victim: int, sig: signal.Signals, said: tuple[str, ...]
 ) -> None:
     run = tmp_path / "e2e"
     job = start(command(model_dir, tmp_path, 50), tmp_path, processes=2, devices=2, name="killed")
@@ -146,7 +149,7 @@ def test_a_stopped_process_stops_the_other(
         job.kill()
     assert survivor.returncode != 0, job.report()
     assert stopped_after < HEARTBEAT_S + 50
-    assert said in job.logs[1 - victim].read_text()
+    assert any(words in job.logs[1 - victim].read_text() for words in said), job.report()
     # Nothing half-published is a version: LATEST names a complete one.
     latest = (run / "weights" / "LATEST").read_text().strip()
     assert (run / "weights" / latest / "weights.json").is_file()
