@@ -36,7 +36,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 SIZES = {  # hidden, layers, heads, kv heads, intermediate, vocab
     "demo": (128, 2, 4, 2, 384, 4096),
@@ -47,7 +46,6 @@ DEVICES = 4
 
 
 def worker(args: argparse.Namespace) -> dict[str, float]:
-    import jax
     import numpy as np
     from flax import nnx
 

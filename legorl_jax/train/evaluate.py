@@ -9,7 +9,7 @@ import asyncio
 from legorl_jax.core.config import Config
 from legorl_jax.fleet import Fleet
 from legorl_jax.train.assemble import rollout_metrics
-from legorl_jax.train.groups import HarnessChoice, group_spec
+from legorl_jax.train.groups import HarnessChoice, group_seed, group_spec
 from legorl_jax.train.rollout_log import RolloutLog
 
 
@@ -27,10 +27,11 @@ async def evaluate(
     `eval_pass_rate/<config id>` and `eval_harness/<config id>/…`; the
     trajectories go to `rollouts` (as step `step`) when given."""
     specs = [
-        group_spec(config, task, choice, 1, policy_version=policy_version, step=step)
-        for task in task_ids
+        group_spec(config, task, choice, 1, policy_version=policy_version, step=step,
+                   seed=group_seed(config.seed, "eval", step, index, choice.config_id))
+        for index, task in enumerate(task_ids)
         for choice in choices
-    ]
+    ]  # fmt: skip
     groups = [g async for g in fleet.rollout(specs)]
     metrics = rollout_metrics(groups)
     if rollouts is not None:

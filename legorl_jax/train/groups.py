@@ -36,11 +36,27 @@ def harness_choice(spec: HarnessSpec) -> HarnessChoice:
     return HarnessChoice(spec.name, options_json, config_id)
 
 
+def group_seed(run_seed: int, *where: object) -> int:
+    """The base seed of one group (its trials derive theirs from it): a stable hash of the run's
+    seed and the group's place in the run, e.g. ("train", step, round, index). Never zero, which
+    the rollout side reads as unseeded; a 63-bit value, within every engine's signed 64 bits."""
+    parts = "/".join(map(str, (run_seed, *where))).encode()
+    return int.from_bytes(hashlib.blake2b(parts, digest_size=8).digest(), "big") >> 1 or 1
+
+
 def group_spec(
-    config: Config, task_id: str, harness: HarnessChoice, group_size: int, *, policy_version: int, step: int
+    config: Config,
+    task_id: str,
+    harness: HarnessChoice,
+    group_size: int,
+    *,
+    policy_version: int,
+    step: int,
+    seed: int,
 ) -> GroupSpec:
     """A group of `group_size` trials of one task and harness configuration,
-    sampled at `policy_version` and labelled with the step it is for (`step` + 1)."""
+    sampled at `policy_version` from base `seed` (`group_seed`) and labelled
+    with the step it is for (`step` + 1)."""
     sampling = config.rl.sampling
     return GroupSpec(
         task=pb.TaskRef(task_id=task_id),
@@ -51,7 +67,7 @@ def group_spec(
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             max_tokens=sampling.max_tokens,
-            seed=config.seed,
+            seed=seed,
         ),
         policy_version=policy_version,
         limits=pb.TrialLimits(

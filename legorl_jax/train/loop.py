@@ -41,7 +41,7 @@ from legorl_jax.train.assemble import assemble, is_informative
 from legorl_jax.train.checkpoint import Checkpointer
 from legorl_jax.train.coordination import ProcessGroup, digest, directory_digest
 from legorl_jax.train.evaluate import evaluate
-from legorl_jax.train.groups import GroupSampler, HarnessChoice, group_spec, harness_choice
+from legorl_jax.train.groups import GroupSampler, HarnessChoice, group_seed, group_spec, harness_choice
 from legorl_jax.train.harness_table import write_harness_table
 from legorl_jax.train.plot import plot_run
 from legorl_jax.train.publish import (
@@ -165,11 +165,13 @@ class Trainer:
         started, version = time.monotonic(), self.version
         groups: list[GroupResult] = []
         informative = 0
-        for _ in range(rl.max_sampling_rounds if rl.dynamic_sampling else 1):
+        for round_ in range(rl.max_sampling_rounds if rl.dynamic_sampling else 1):
+            # Seeded by place (step, round, index): a run with the same seed samples the same groups.
             specs = [
-                group_spec(self.config, *sampler.next(), rl.group_size, policy_version=self.version, step=self.step)
-                for _ in range(rl.groups_per_step - informative)
-            ]
+                group_spec(self.config, *sampler.next(), rl.group_size, policy_version=self.version, step=self.step,
+                           seed=group_seed(self.config.seed, "train", self.step, round_, index))
+                for index in range(rl.groups_per_step - informative)
+            ]  # fmt: skip
             async for group in fleet.rollout(specs):
                 groups.append(group)
                 informative += is_informative(group)
