@@ -7,10 +7,12 @@ others receive it, then all of them run the same collectives. `agree` checks
 that every process derived the same thing (a packed batch, a restored state)
 and stops the job on the first difference, so processes never train apart.
 
-Messages go through the coordination service's key-value store rather than
-device collectives: a follower may wait minutes for the leader's rollouts, and
-a blocked collective has no timeout of its own, while a key-value wait is cut
-into short polls that a cancelled run leaves at once. A dead process is found
+A message's header goes through the coordination service's key-value store: a
+follower may wait minutes for the leader's rollouts, and a blocked collective
+has no timeout of its own, while a key-value wait is cut into short polls that
+a cancelled run leaves at once. Its payload then goes through a device
+collective every process joins at once (the store is 25 times slower here,
+docs/benchmarks.md). A dead process is found
 by the service's heartbeats (`learner.heartbeat_timeout_s`), which end every
 other process with an error naming it.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import pickle
 import time
@@ -28,12 +31,13 @@ from typing import Any, Protocol, TypeVar
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _PREFIX = "legorl"
-_CHUNK_BYTES = 16 << 20  # well under the coordination service's gRPC message limit
+_MIN_BROADCAST = 1 << 16  # payloads are padded to a power of two from here: few shapes, few compilations
 _POLL_MS = 1000
 _WAIT_LOG_S = 60.0
 _AGREE_TIMEOUT_S = 600.0
@@ -89,7 +93,6 @@ class ProcessGroup:
         self.count = jax.process_count()
         self._sent = 0  # messages the leader sent, or a follower received
         self._checks = 0  # `agree` calls so far
-        self._forgotten = 0  # the leader deleted every message before this one
         self._client = _client() if self.count > 1 else None
 
     @property
@@ -137,8 +140,10 @@ class ProcessGroup:
         """Tells the followers the leader ends the run early (best effort: the leader is failing)."""
         if self._client is None or not self.is_leader:
             return
+        client = self._client
+        header = json.dumps({"tag": "abort", "reason": reason}).encode()
         try:
-            await asyncio.to_thread(self._send, self._sent, "abort", reason)
+            await asyncio.to_thread(client.key_value_set_bytes, f"{_PREFIX}/msg/{self._sent}", header)
         except Exception:  # noqa: BLE001 - the run is already failing for a reason of its own
             log.exception("could not tell the other processes that the run stops")
 
@@ -166,38 +171,25 @@ class ProcessGroup:
 
     def _send(self, seq: int, tag: str, value: Any) -> None:
         assert self._client is not None
-        blob = pickle.dumps((tag, value), protocol=pickle.HIGHEST_PROTOCOL)
-        chunks = [blob[i : i + _CHUNK_BYTES] for i in range(0, len(blob), _CHUNK_BYTES)] or [b""]
-        base = f"{_PREFIX}/msg/{seq}"
-        for i, chunk in enumerate(chunks):
-            self._client.key_value_set_bytes(f"{base}/{i}", chunk)
-        # The header last: a follower that sees it finds every chunk in place.
-        header = f"{len(chunks)} {hashlib.sha256(blob).hexdigest()}".encode()
-        self._client.key_value_set_bytes(base, header)
-        self._forget_read()
-
-    def _forget_read(self) -> None:
-        """Deletes the messages every follower has acknowledged (each keeps its last in `ack/`)."""
-        assert self._client is not None
-        acks = self._client.key_value_dir_get_bytes(f"{_PREFIX}/ack/")
-        if len(acks) < self.count - 1:
-            return
-        read = min(int(v) for _, v in acks)
-        for seq in range(self._forgotten, read + 1):
-            self._client.key_value_delete(f"{_PREFIX}/msg/{seq}")  # with its chunks under msg/{seq}/
-        self._forgotten = max(self._forgotten, read + 1)
+        blob = b"" if value is None else pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        header = {"tag": tag, "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        self._client.key_value_set_bytes(f"{_PREFIX}/msg/{seq}", json.dumps(header).encode())
+        if blob:
+            _broadcast(blob, len(blob))
+            # Every follower joined that broadcast, so has read this header: it can go. (One with no
+            # payload stays: nothing says when it was read; a run sends a few.)
+            self._client.key_value_delete(f"{_PREFIX}/msg/{seq}")
 
     async def _receive(self, seq: int, tag: str) -> tuple[str, Any]:
-        base = f"{_PREFIX}/msg/{seq}"
-        what = f"{tag!r} from process 0"
-        header = await self._wait(base, what)
-        count, sha = header.decode().split()
-        blob = b"".join([await self._wait(f"{base}/{i}", what, timeout_s=60.0) for i in range(int(count))])
-        if hashlib.sha256(blob).hexdigest() != sha:
+        header = json.loads(await self._wait(f"{_PREFIX}/msg/{seq}", f"{tag!r} from process 0"))
+        if header["tag"] == "abort":  # the reason rides in the header: an abort joins no collective
+            return "abort", header["reason"]
+        if not header["size"]:
+            return header["tag"], None
+        blob = await asyncio.to_thread(_broadcast, None, header["size"])
+        if hashlib.sha256(blob).hexdigest() != header["sha256"]:
             raise DivergedError(f"{self}: message {seq} ({tag!r}) arrived corrupted")
-        assert self._client is not None
-        self._client.key_value_set_bytes(f"{_PREFIX}/ack/{self.index}", str(seq).encode(), allow_overwrite=True)
-        return pickle.loads(blob)
+        return header["tag"], pickle.loads(blob)
 
     def _poll(self, key: str, what: str) -> bytes | None:
         """The value of `key`, or None when it is not set within one poll."""
@@ -227,6 +219,8 @@ class ProcessGroup:
         self._checks += 1
         base = f"{_PREFIX}/agree/{seq}"
         self._client.key_value_set_bytes(f"{base}/{self.index}", value.encode())
+        if seq >= 2:  # every process posted seq-1, so is done reading seq-2
+            self._client.key_value_delete(f"{_PREFIX}/agree/{seq - 2}/{self.index}")
         values = {}
         for index in range(self.count):
             waited = _Waited(self, f"process {index}'s {what}", _AGREE_TIMEOUT_S)
@@ -266,3 +260,14 @@ def directory_digest(directory: Path) -> str:
             while block := f.read(16 << 20):
                 h.update(block)
     return h.hexdigest()
+
+
+def _broadcast(blob: bytes | None, size: int) -> bytes:
+    """Process 0's `size` bytes on every process (`blob` there, None elsewhere), through a device
+    collective: 25 times the key-value store's speed here (docs/benchmarks.md). Every process must
+    call it, so it runs only once the header (read by polling) said a payload follows."""
+    padded = max(_MIN_BROADCAST, 1 << (size - 1).bit_length())
+    buffer = np.zeros(padded, np.uint8)
+    if blob is not None:
+        buffer[:size] = np.frombuffer(blob, np.uint8)
+    return np.asarray(multihost_utils.broadcast_one_to_all(buffer))[:size].tobytes()
