@@ -64,12 +64,16 @@ def initialize_distributed(environ: Mapping[str, str] | None = None, *, heartbea
     spec = distributed_spec(os.environ if environ is None else environ)
     if spec is None:
         return False
-    jax.distributed.initialize(
-        coordinator_address=spec.coordinator_address,
-        num_processes=spec.num_processes,
-        process_id=spec.process_id,
-        heartbeat_timeout_seconds=heartbeat_timeout_s,
-    )
+    try:
+        jax.distributed.initialize(
+            coordinator_address=spec.coordinator_address,
+            num_processes=spec.num_processes,
+            process_id=spec.process_id,
+            heartbeat_timeout_seconds=heartbeat_timeout_s,
+        )
+    except ValueError as exc:  # JAX's word for an environment it cannot read
+        mode = "LEGORL_DISTRIBUTED=auto" if spec.coordinator_address is None else ", ".join(EXPLICIT_VARS)
+        raise ConfigError(f"{mode}: JAX could not join a process group: {exc}") from None
     return True
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from workers import distributed_step
 
+from legorl_jax.core.config import ConfigError
 from legorl_jax.train.distributed import DistributedSpec, distributed_spec, initialize_distributed
 
 WORKER = Path(__file__).with_name("workers.py")
@@ -84,3 +85,9 @@ def test_environment_selects_the_mode() -> None:
 def test_bad_environment_is_a_clear_error(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         distributed_spec(env)
+
+
+def test_auto_without_a_cluster_is_a_clear_error() -> None:
+    """LEGORL_DISTRIBUTED=auto where JAX detects no cluster (this machine): a config error, no traceback."""
+    with pytest.raises(ConfigError, match="LEGORL_DISTRIBUTED=auto: JAX could not join a process group"):
+        initialize_distributed({"LEGORL_DISTRIBUTED": "auto"})
