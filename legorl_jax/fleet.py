@@ -24,6 +24,7 @@ import grpc
 from legorl_jax.core.aio import completion_order
 from legorl_jax.core.config import FleetConfig, GrpcSecurityConfig
 from legorl_jax.core.grpc_auth import client_security
+from legorl_jax.core.seeds import derive_seed
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -204,17 +205,21 @@ class Fleet:
 
     async def _run_group(self, spec: GroupSpec) -> GroupResult:
         group_id = f"g{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        received: list[pb.Trajectory] = []
+        received: list[tuple[int, pb.Trajectory]] = []  # (request round, the trajectory)
         reissues = 0
         while len(received) < spec.group_size:
             missing = spec.group_size - len(received)
             server = await self._acquire(missing)
+            sampling = pb.SamplingParams()
+            sampling.CopyFrom(spec.sampling)
+            if reissues and sampling.seed:  # re-issued trials must not repeat the samples of those that came back
+                sampling.seed = derive_seed(sampling.seed, "reissue", reissues)
             request = pb.RolloutRequest(
                 request_id=f"{group_id}-{reissues}",
                 tasks=[spec.task],
                 harness_configs=[spec.harness],
                 group_size=missing,
-                sampling=spec.sampling,
+                sampling=sampling,
                 policy_version=spec.policy_version,
                 limits=spec.limits,
                 labels=dict(spec.labels),
@@ -223,8 +228,7 @@ class Fleet:
                 call = server.stub.Rollout(request, timeout=self._rpc_timeout_s, metadata=self.security.metadata)
                 async for trajectory in call:
                     trajectory.group_id = group_id
-                    trajectory.trial_index = len(received)
-                    received.append(trajectory)
+                    received.append((reissues, trajectory))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _SERVER_LOST:
                     raise FleetError(f"{server.address} rejected group {group_id}: {exc.details()}") from exc
@@ -239,13 +243,19 @@ class Fleet:
                 reissues += 1
                 if reissues > self._max_retries:
                     received.extend(
-                        _lost_trial(spec, group_id, len(received) + i, f"lost after {reissues} servers died")
+                        (reissues, _lost_trial(spec, group_id, i, f"lost after {reissues} servers died"))
                         for i in range(spec.group_size - len(received))
                     )
                 asyncio.get_running_loop().call_later(self._probe_interval_s, self._schedule_probe, server)
             finally:
                 await self._release(server, missing)
-        return GroupResult(spec, group_id, received, reissues)
+        # In the order the trials were asked for, not the order they ended in: the same seeds give the
+        # same group, trajectory for trajectory (the server numbers each request's trials).
+        received.sort(key=lambda item: (item[0], item[1].trial_index))
+        trajectories = [t for _, t in received]
+        for index, trajectory in enumerate(trajectories):
+            trajectory.trial_index = index
+        return GroupResult(spec, group_id, trajectories, reissues)
 
     def _schedule_probe(self, server: _Server) -> None:
         asyncio.ensure_future(self._probe_and_notify(server))

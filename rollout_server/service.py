@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from legorl_jax.core.aio import completion_order
 from legorl_jax.core.config import SessionCaps
 from legorl_jax.core.grpc_auth import ClientSecurity
+from legorl_jax.core.seeds import derive_seed
 from legorl_jax.core.version import __version__
 from legorl_jax.core.weight_layout import WeightTransferError
 from protos.legorl.v1 import rollout_pb2 as pb
@@ -272,6 +273,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         agent_s = limits.agent_timeout_s or self.limits.agent_timeout_s
         verifier_s = limits.verifier_timeout_s or self.limits.verifier_timeout_s
         labels = dict(request.labels)
+        base = request.sampling.seed  # 0: unseeded
         return [
             TrialSpec(
                 trial_id=f"{request.request_id or 'req'}-{uuid.uuid4().hex[:10]}",
@@ -283,10 +285,12 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                 labels=labels,
                 agent_timeout_s=agent_s,
                 verifier_timeout_s=verifier_s,
+                index=index,
+                seed=derive_seed(base, task_index, harness_index, index) if base else None,
             )
-            for task in tasks
-            for harness, parsed in zip(request.harness_configs, options, strict=True)
-            for _ in range(request.group_size)
+            for task_index, task in enumerate(tasks)
+            for harness_index, (harness, parsed) in enumerate(zip(request.harness_configs, options, strict=True))
+            for index in range(request.group_size)
         ]
 
     def _admit(self, trials: int) -> None:
@@ -352,6 +356,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
             if self._running == 0 and self._queued == 0:
                 self._idle.set()
         trajectory.request_id = request_id
+        trajectory.trial_index = spec.index
         return trajectory
 
     @staticmethod

@@ -24,7 +24,7 @@ from rollout_server.harnesses.base import CliHarness, Harness, HarnessOptions, I
 from rollout_server.harnesses.tools import HarnessTools
 from rollout_server.proxy.session import SessionSpec, SessionStore
 from rollout_server.proxy.trajectory import CapturedTrajectory
-from rollout_server.sandbox.base import AGENT_USER, ROOT_USER, Sandbox, SandboxError, SandboxSpec
+from rollout_server.sandbox.base import AGENT_LOGS_DIR, AGENT_USER, ROOT_USER, Sandbox, SandboxError, SandboxSpec
 from rollout_server.sandbox.factory import SandboxFactory, spec_for_task
 from rollout_server.tasks import Task
 from rollout_server.verifier import Verdict, verify
@@ -69,6 +69,8 @@ class TrialSpec:
     labels: Mapping[str, str]
     agent_timeout_s: float
     verifier_timeout_s: float
+    index: int = 0  # its place in its group of the request
+    seed: int | None = None  # the trial's own (`core.seeds.derive_seed` of its group's); None: unseeded
 
 
 def sampling_config(params: pb.SamplingParams, default_max_tokens: int) -> SamplingConfig:
@@ -91,6 +93,7 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
             caps=caps,
             labels={"trial": spec.trial_id, "task": spec.task.name, **spec.labels},
             policy_version=host.policy_version,
+            seed=spec.seed,
         )
     )
     out = pb.Trajectory(task_id=spec.task.name, harness=spec.harness, sampling=spec.sampling, labels=spec.labels)
@@ -218,6 +221,7 @@ async def _drive(
             )
         except TimeoutError:
             return pb.TRIAL_STATUS_TIMEOUT, f"agent ran past {spec.agent_timeout_s:.0f}s", {}
+        await asyncio.to_thread(_leave_final_message, sandbox, result.final_message)
         return _HARNESS_STATUS[result.status], result.reason, result.metrics()
     if isinstance(harness, CliHarness):
         return await asyncio.to_thread(_run_cli, harness, sandbox, host, spec, key)
@@ -255,6 +259,19 @@ def _run_cli(
     )
     outcome = harness.classify(result.exit_code, result.stdout, result.stderr, result.timed_out)
     return _HARNESS_STATUS[outcome.status], outcome.reason, {}
+
+
+FINAL_MESSAGE_PATH = f"{AGENT_LOGS_DIR}/final_message.txt"
+
+
+def _leave_final_message(sandbox: Sandbox, text: str) -> None:
+    """The in-process agent's last words where Harbor agents leave their logs, for a verifier that grades
+    an answer. Written after the episode, over whatever the agent left at that path: `copy_in` replaces
+    a file or link there, never writes through it."""
+    with tempfile.TemporaryDirectory(prefix="legorl-final-") as tmp:
+        local = Path(tmp) / "final_message.txt"
+        local.write_text(text)
+        sandbox.copy_in(local, FINAL_MESSAGE_PATH)
 
 
 def _write_file(sandbox: Sandbox, path: str, content: str, mode: int) -> None:

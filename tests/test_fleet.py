@@ -13,14 +13,17 @@ from collections import Counter
 import grpc
 import pytest
 
+from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import Fleet, FleetError, GroupSpec
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 
 
 class CannedServicer(pb_grpc.RolloutServiceServicer):
-    def __init__(self, name: str, capacity: int, die_after: int | None = None) -> None:
+    def __init__(self, name: str, capacity: int, die_after: int | None = None, backwards: bool = False) -> None:
         self.name = name
+        self.backwards = backwards  # trials end last-asked first, numbered as a rollout server numbers them
+        self.seeds: list[int] = []  # each request's base seed
         self.capacity = capacity
         self.die_after = die_after  # trajectories sent before the server stops itself
         self.sent = 0
@@ -29,7 +32,9 @@ class CannedServicer(pb_grpc.RolloutServiceServicer):
         self.version = 0
 
     async def Rollout(self, request, context):
-        for _ in range(request.group_size):
+        self.seeds.append(request.sampling.seed)
+        order = range(request.group_size)
+        for index in reversed(order) if self.backwards else order:
             if self.die_after is not None and self.sent >= self.die_after:
                 # Stopped from outside this handler: the stop cancels the handler itself.
                 self.stopping = asyncio.ensure_future(self.server.stop(grace=None))
@@ -42,7 +47,8 @@ class CannedServicer(pb_grpc.RolloutServiceServicer):
                 harness=request.harness_configs[0],
                 reward=1.0,
                 status=pb.TRIAL_STATUS_OK,
-                labels={"server": self.name},
+                labels={"server": self.name, "asked": str(index)},
+                trial_index=index if self.backwards else 0,
                 sequences=[pb.TokenSequence(token_ids=[1, 2], loss_mask=[0, 1], policy_version=request.policy_version)],
             )
 
@@ -81,12 +87,12 @@ def run(main) -> None:
     asyncio.run(wrapped())
 
 
-def spec(task: str, size: int = 2, version: int = 3) -> GroupSpec:
+def spec(task: str, size: int = 2, version: int = 3, seed: int = 0) -> GroupSpec:
     return GroupSpec(
         task=pb.TaskRef(task_id=task),
         harness=pb.HarnessConfig(name="lego", config_id="c0"),
         group_size=size,
-        sampling=pb.SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=16),
+        sampling=pb.SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=16, seed=seed),
         policy_version=version,
     )
 
@@ -121,6 +127,29 @@ def test_trials_of_a_dead_server_are_reissued_elsewhere() -> None:
         assert result.reissues == 1
         assert [t.labels["server"] for t in result.trajectories] == ["dying", "healthy", "healthy"]
         assert all(t.status == pb.TRIAL_STATUS_OK for t in result.trajectories)
+
+    run(main)
+
+
+def test_a_group_comes_back_in_the_order_asked_and_reissues_sample_anew() -> None:
+    """Trials end in any order; the group lists them as asked (the server numbers them), so the same
+    seeds give the same group. Trials re-issued after a server died get a new base seed: the ones
+    that came back already used the group's."""
+
+    async def main() -> None:
+        server = CannedServicer("backwards", capacity=4, backwards=True)
+        async with Fleet([await start(server)]) as fleet:
+            (result,) = [r async for r in fleet.rollout([spec("t0", size=3, seed=77)])]
+        assert [t.labels["asked"] for t in result.trajectories] == ["0", "1", "2"]
+        assert [t.trial_index for t in result.trajectories] == [0, 1, 2]
+        assert server.seeds == [77]
+
+        dying, healthy = CannedServicer("dying", capacity=8, die_after=1), CannedServicer("healthy", capacity=1)
+        addresses = [await start(dying), await start(healthy)]
+        async with Fleet(addresses, probe_interval_s=0.2) as fleet:
+            (result,) = [r async for r in fleet.rollout([spec("t0", size=3, seed=77)])]
+        assert result.reissues == 1
+        assert dying.seeds == [77] and healthy.seeds == [derive_seed(77, "reissue", 1)]
 
     run(main)
 

@@ -419,7 +419,11 @@ class LoggingConfig(Strict):
 
 
 class Config(Strict):
-    seed: int = 0
+    seed: int = Field(
+        0,
+        description="The run's seed: task order, harness draws and every sampled rollout (each group, trial and "
+        "model call samples from a seed derived from it), so a run with the same seed and weights samples the same.",
+    )
     total_steps: int = Field(100, gt=0)
     model: ModelRunConfig = ModelRunConfig()
     rl: RLConfig = RLConfig()

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 
 from legorl_jax.core.config import Config
+from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import Fleet
 from legorl_jax.train.assemble import rollout_metrics
-from legorl_jax.train.groups import HarnessChoice, group_seed, group_spec
+from legorl_jax.train.groups import HarnessChoice, group_spec
 from legorl_jax.train.rollout_log import RolloutLog
 
 
@@ -28,7 +29,7 @@ async def evaluate(
     trajectories go to `rollouts` (as step `step`) when given."""
     specs = [
         group_spec(config, task, choice, 1, policy_version=policy_version, step=step,
-                   seed=group_seed(config.seed, "eval", step, index, choice.config_id))
+                   seed=derive_seed(config.seed, "eval", step, index, choice.config_id))
         for index, task in enumerate(task_ids)
         for choice in choices
     ]  # fmt: skip

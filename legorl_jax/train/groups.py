@@ -36,14 +36,6 @@ def harness_choice(spec: HarnessSpec) -> HarnessChoice:
     return HarnessChoice(spec.name, options_json, config_id)
 
 
-def group_seed(run_seed: int, *where: object) -> int:
-    """The base seed of one group (its trials derive theirs from it): a stable hash of the run's
-    seed and the group's place in the run, e.g. ("train", step, round, index). Never zero, which
-    the rollout side reads as unseeded; a 63-bit value, within every engine's signed 64 bits."""
-    parts = "/".join(map(str, (run_seed, *where))).encode()
-    return int.from_bytes(hashlib.blake2b(parts, digest_size=8).digest(), "big") >> 1 or 1
-
-
 def group_spec(
     config: Config,
     task_id: str,
@@ -55,7 +47,7 @@ def group_spec(
     seed: int,
 ) -> GroupSpec:
     """A group of `group_size` trials of one task and harness configuration,
-    sampled at `policy_version` from base `seed` (`group_seed`) and labelled
+    sampled at `policy_version` from base `seed` (`core.seeds.derive_seed`) and labelled
     with the step it is for (`step` + 1)."""
     sampling = config.rl.sampling
     return GroupSpec(

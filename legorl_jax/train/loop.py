@@ -34,6 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from legorl_jax.core.config import Config, dump_config
+from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import Fleet, GroupResult, LocalServer, configured_fleet
 from legorl_jax.models import from_hf
 from legorl_jax.rl.batching import TrainSequence
@@ -41,7 +42,7 @@ from legorl_jax.train.assemble import assemble, is_informative
 from legorl_jax.train.checkpoint import Checkpointer
 from legorl_jax.train.coordination import ProcessGroup, digest, directory_digest
 from legorl_jax.train.evaluate import evaluate
-from legorl_jax.train.groups import GroupSampler, HarnessChoice, group_seed, group_spec, harness_choice
+from legorl_jax.train.groups import GroupSampler, HarnessChoice, group_spec, harness_choice
 from legorl_jax.train.harness_table import write_harness_table
 from legorl_jax.train.plot import plot_run
 from legorl_jax.train.publish import (
@@ -169,12 +170,15 @@ class Trainer:
             # Seeded by place (step, round, index): a run with the same seed samples the same groups.
             specs = [
                 group_spec(self.config, *sampler.next(), rl.group_size, policy_version=self.version, step=self.step,
-                           seed=group_seed(self.config.seed, "train", self.step, round_, index))
+                           seed=derive_seed(self.config.seed, "train", self.step, round_, index))
                 for index in range(rl.groups_per_step - informative)
             ]  # fmt: skip
-            async for group in fleet.rollout(specs):
-                groups.append(group)
-                informative += is_informative(group)
+            ended = [group async for group in fleet.rollout(specs)]
+            # In the order asked for, not the order the groups ended in: the same seed, the same batch.
+            place = {id(spec): i for i, spec in enumerate(specs)}
+            ended.sort(key=lambda group: place[id(group.spec)])
+            groups.extend(ended)
+            informative += sum(map(is_informative, ended))
             if informative >= rl.groups_per_step:
                 break
         return Batch(groups, time.monotonic() - started, version)

@@ -262,6 +262,11 @@ class RunResult(Protocol):
     @property
     def reason(self) -> str: ...
 
+    @property
+    def final_message(self) -> str:
+        """The agent's last words; the trial leaves them in the sandbox for the verifier."""
+        ...
+
     def metrics(self) -> dict[str, float]: ...
 
 

@@ -46,6 +46,7 @@ class CompletionParams:
     max_tokens: int
     stop_token_ids: tuple[int, ...]
     prompt_logprobs: bool = False  # also the logprob of each prompt token under the engine's weights
+    seed: int | None = None  # None: the engine draws one
 
     def record(self) -> dict[str, Any]:
         """The fields, for the call record: a shallow copy (every field is
@@ -61,6 +62,7 @@ class CompletionParams:
             "stop_token_ids": list(self.stop_token_ids),
             # 0: the prompt token's own logprob, no alternatives (vLLM's convention).
             "prompt_logprobs": 0 if self.prompt_logprobs else None,
+            "seed": self.seed,
         }
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import get_args
 
 from legorl_jax.core.config import ProxyConfig
+from legorl_jax.core.seeds import derive_seed
 from rollout_server.proxy.completion_parser import ToolCallFormat, parse_completion
 from rollout_server.proxy.conversation import ChatRequest, ToolSpec
 from rollout_server.proxy.engine_client import CompletionParams, ProxyEngineClient
@@ -97,6 +98,7 @@ class ProxyCore:
             top_k=cfg.top_k,
             max_tokens=min(asked, cfg.max_tokens, room),
             stop_token_ids=(self.template.turn_end_id,),
+            seed=None if session.spec.seed is None else derive_seed(session.spec.seed, session.calls_started),
         )
         session.calls_started += 1
         return PreparedCall(session, request, dialect, id_prefix, prompt, sampling, started, matched, thinking)

@@ -27,6 +27,13 @@ class SessionSpec(BaseModel):
     caps: SessionCaps | None = Field(None, description="None takes the proxy's configured caps.")
     labels: dict[str, str] = Field({}, description="Free-form tags echoed in the trajectory (task, harness, ...).")
     policy_version: int = Field(0, ge=0, description="Weights version the engine serves for this session.")
+    seed: int | None = Field(
+        None,
+        ge=1,
+        lt=2**63,
+        description="Base seed: each model call samples with a seed derived from it and the call's ordinal, so an "
+        "episode is reproducible; None: unseeded.",
+    )
     enable_thinking: bool | None = Field(
         None, description="Chat-template thinking flag; None follows the harness's request (on when it is silent)."
     )

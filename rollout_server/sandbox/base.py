@@ -95,7 +95,8 @@ class Sandbox(Protocol):
     ) -> ExecResult: ...
 
     def copy_in(self, host_path: Path, sandbox_path: str) -> None:
-        """Copy a host file or directory to sandbox_path (a directory merges into an existing one, as `docker cp`)."""
+        """Copy a host file or directory to sandbox_path (a directory merges into an existing one, as `docker cp`;
+        a file or link at sandbox_path is replaced, never written through)."""
         ...
 
     def copy_out(self, sandbox_path: str, host_path: Path) -> None:

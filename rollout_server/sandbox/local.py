@@ -300,6 +300,9 @@ class LocalSandbox:
     def _copy_into(self, src: Path, sandbox_path: str) -> None:
         target = self.host_path(sandbox_path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink():
+            # Replaced, as Docker's copy replaces it: a link the agent planted must not take the write elsewhere.
+            target.unlink()
         if src.is_dir():
             shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
         else:

@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from legorl_jax.core.seeds import derive_seed
+
 from .conftest import ADMIN_TOKEN
 from .scripted_engine import ScriptedEngine
 
@@ -91,6 +93,24 @@ def test_trainer_sampling_overrides_the_harness(proxy: Any, engine: ScriptedEngi
     assert second["max_tokens"] == 7
     assert first["stop_token_ids"] == [proxy.core.template.turn_end_id]
     assert proxy.trajectory(session["key"])["calls"][0]["sampling"]["temperature"] == 0.6
+
+
+def test_a_seeded_session_seeds_every_call_and_an_unseeded_one_none(proxy: Any, engine: ScriptedEngine) -> None:
+    """A trial's seed makes its episode reproducible: call k samples with a seed derived from the
+    session's and k, the same for the same session seed, distinct across calls and sessions."""
+    seeds = []
+    for seed in (41, 41, 42, None):
+        session = proxy.new_session(**({} if seed is None else {"seed": seed}))
+        client = openai.OpenAI(base_url=session["urls"]["openai"], api_key=session["key"], max_retries=0)
+        for _ in range(2):
+            client.chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+        seeds.append([body.get("seed") for body in engine.log.bodies[-2:]])
+    same, again, other, unseeded = seeds
+    assert same == again == [derive_seed(41, 0), derive_seed(41, 1)]
+    assert len({*same, *other}) == 4 and all(0 < s < 2**63 for s in same + other)
+    assert unseeded == [None, None]  # no seed sent: the engine draws its own
+    bad = httpx.post(f"{proxy.url}/admin/sessions", json={"seed": 0}, headers=ADMIN)
+    assert bad.status_code == 400 and "seed" in bad.json()["error"]["message"]
 
 
 def test_call_cap_answers_in_dialect_and_marks_trajectory(proxy: Any, engine: ScriptedEngine) -> None:

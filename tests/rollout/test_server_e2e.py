@@ -37,6 +37,7 @@ def test_groups_of_lego_trials_over_grpc(model_dir: Path) -> None:
                     for tools in ("bash_only", "edit_tools")
                 ]
                 results = [r async for r in fleet.rollout(specs)]
+                again = [r async for r in fleet.rollout(specs[:1])]
             channel = grpc.aio.insecure_channel(address)
             status = await pb_grpc.RolloutServiceStub(channel).GetStatus(pb.GetStatusRequest())
             await channel.close()
@@ -58,6 +59,12 @@ def test_groups_of_lego_trials_over_grpc(model_dir: Path) -> None:
                 sampled = [lp for lp, m in zip(seq.behavior_logprobs, seq.loss_mask, strict=True) if m]
                 assert sampled and all(lp <= 0.0 for lp in sampled)
                 assert t.harness.config_id == result.spec.harness.config_id
+        # Seeded (SamplingParams.seed): each trial samples from its own seed, so the same group asked
+        # again samples the same episodes, trial for trial, and no two trials of a group share one.
+        first = next(r for r in results if r.spec is specs[0])
+        ids = [[list(s.token_ids) for s in t.sequences] for t in first.trajectories]
+        assert ids == [[list(s.token_ids) for s in t.sequences] for t in again[0].trajectories]
+        assert ids[0] != ids[1]
 
     asyncio.run(main())
 

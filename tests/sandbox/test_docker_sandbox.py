@@ -64,6 +64,21 @@ def test_copy_in_merges_and_copy_out_round_trips(make_box: MakeBox, tmp_path: Pa
     assert (tmp_path / "back.conf").read_text() == "single file"
 
 
+def test_copy_in_replaces_a_link_the_agent_planted(make_box: MakeBox, tmp_path: Path) -> None:
+    """Root copies into the agent's directories after an episode (its final message): a link planted
+    there is replaced, its target left alone."""
+    box = make_box()
+    plant = "echo keep > /tmp/owned && ln -s /tmp/owned /logs/agent/final.txt"
+    planted = box.exec(["sh", "-c", plant], timeout=30, user=AGENT_USER)
+    assert planted.ok, planted.stderr
+    message = tmp_path / "final.txt"
+    message.write_text("the answer")
+    box.copy_in(message, "/logs/agent/final.txt")
+    assert box.exec(["cat", "/tmp/owned"], timeout=30).stdout == "keep\n"
+    check = "test ! -L /logs/agent/final.txt && cat /logs/agent/final.txt"
+    assert box.exec(["sh", "-c", check], timeout=30).stdout == "the answer"
+
+
 def test_copy_errors_are_sandbox_errors(make_box: MakeBox, tmp_path: Path) -> None:
     box = make_box()
     with pytest.raises(SandboxError, match="does not exist"):

@@ -220,3 +220,19 @@ def test_storage_limit_fails_writes_past_it(make_box: MakeBox, use_bwrap: bool) 
     root = box.host_path("/app").parent.parent
     box.stop()
     assert not root.exists()
+
+
+def test_the_final_message_replaces_what_the_agent_left_there(make_box: MakeBox, tmp_path: Path) -> None:
+    """An in-process agent's last words go where the verifier reads them, written by root after the
+    episode: a link the agent planted at that path is replaced, its target left alone."""
+    from rollout_server.trial import FINAL_MESSAGE_PATH, _leave_final_message
+
+    box = make_box(use_bwrap=False)
+    target = tmp_path / "verifier-owned.txt"
+    target.write_text("keep me\n")
+    planted = box.host_path(FINAL_MESSAGE_PATH)
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.symlink_to(target)
+    _leave_final_message(box, "the answer is 42")
+    assert target.read_text() == "keep me\n"
+    assert not planted.is_symlink() and planted.read_text() == "the answer is 42"

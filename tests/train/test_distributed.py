@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from workers import distributed_step
 
-from legorl_jax.core.config import ConfigError
 from legorl_jax.train.distributed import DistributedSpec, distributed_spec, initialize_distributed
 
 WORKER = Path(__file__).with_name("workers.py")
@@ -87,7 +86,16 @@ def test_bad_environment_is_a_clear_error(env: dict[str, str], message: str) -> 
         distributed_spec(env)
 
 
-def test_auto_without_a_cluster_is_a_clear_error() -> None:
-    """LEGORL_DISTRIBUTED=auto where JAX detects no cluster (this machine): a config error, no traceback."""
-    with pytest.raises(ConfigError, match="LEGORL_DISTRIBUTED=auto: JAX could not join a process group"):
-        initialize_distributed({"LEGORL_DISTRIBUTED": "auto"})
+def test_auto_without_a_cluster_is_a_clear_error(worker_env: dict[str, str], tmp_path: Path) -> None:
+    """LEGORL_DISTRIBUTED=auto where JAX detects no cluster (this machine): a config error, no traceback.
+    In a fresh process: JAX joins a group only before its first computation."""
+    done = subprocess.run(
+        [sys.executable, "-m", "legorl_jax.cli", "train", "--set", f"logging.run_dir={tmp_path}"],
+        env={**worker_env, "LEGORL_DISTRIBUTED": "auto"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "LEGORL_DISTRIBUTED=auto: JAX could not join a process group" in done.stderr
+    assert "Traceback" not in done.stderr
