@@ -270,6 +270,8 @@ def test_blockwise_in_the_model_matches_xla_with_remat() -> None:
         return jax.jit(jax.value_and_grad(loss))(state)
 
     (want, want_grads), (got, got_grads) = loss_and_grads("xla"), loss_and_grads("blockwise")
-    np.testing.assert_allclose(got, want, rtol=1e-5)
+    # A float32 sum of ~25k signed products that mostly cancel (|loss| ~5): the two kernels' summation
+    # orders leave ~1e-5 of it (1.3e-5 on this machine's XLA build), so the scalar gets 1e-4.
+    np.testing.assert_allclose(got, want, rtol=1e-4)
     for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
