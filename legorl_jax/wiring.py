@@ -8,11 +8,10 @@ The loop (`train/loop.py`) imports neither side; the commands hand it the
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from legorl_jax.core.config import REPO_ROOT, Config
+from legorl_jax.core.config import Config, cache_root
 from legorl_jax.demo.cli_model import ensure_cli_demo_model
 from legorl_jax.demo.demo_model import ensure_demo_model
 from legorl_jax.fleet import LocalServer
@@ -34,7 +33,7 @@ def model_dir(config: Config, progress: bool) -> Path:
     """The configured model directory, or the configured embedded demo model (built once into the cache)."""
     if config.model.path is not None:
         return Path(config.model.path)
-    cache = Path(os.environ.get("LEGORL_CACHE", REPO_ROOT / ".cache")) / "demo_model"
+    cache = cache_root() / "demo_model"
     if config.model.demo_model == "cli":
         return ensure_cli_demo_model(cache, progress=progress)
     return ensure_demo_model(cache, progress=progress)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from legorl_jax.core.build_once import build_once
-from legorl_jax.core.config import REPO_ROOT, DemoVariantsConfig
+from legorl_jax.core.config import DemoVariantsConfig, cache_root
 from rollout_server.tasks import Task, demo_tasks, load_tasks
 
 Split = Literal["train", "eval"]
@@ -317,7 +316,7 @@ def _write(variants: list[Variant], root: Path) -> Path:
 
 
 def default_cache_root() -> Path:
-    return Path(os.environ.get("LEGORL_CACHE", REPO_ROOT / ".cache")) / "demo_tasks"
+    return cache_root() / "demo_tasks"
 
 
 def generated_tasks(

@@ -1,7 +1,8 @@
 """Shared test plumbing.
 
-Tests marked `docker`, `npm` or `browser` need a real Docker engine, Node.js
-harness CLIs, or Chromium with chromedriver. Locally they skip with a reason
+Tests marked `docker`, `npm`, `browser` or `vllm` need a real Docker engine,
+Node.js harness CLIs, Chromium with chromedriver, or vLLM (set-up installs its
+CPU build in .cache/vllm-venv). Locally they skip with a reason
 when those are missing; with CI=true they fail instead, so a CI run can never
 pass by skipping them.
 """
@@ -46,7 +47,17 @@ def _browser_available() -> str | None:
     return f"{' and '.join(missing)} not found (./scripts/setup installs them as root)" if missing else None
 
 
-_CHECKS = {"docker": _docker_available, "npm": _npm_available, "browser": _browser_available}
+def _vllm_available() -> str | None:
+    from rollout_server.backends.vllm import VllmVersionError, check_vllm_version
+
+    try:
+        check_vllm_version()
+    except VllmVersionError as exc:
+        return str(exc)
+    return None
+
+
+_CHECKS = {"docker": _docker_available, "npm": _npm_available, "browser": _browser_available, "vllm": _vllm_available}
 _cache: dict[str, str | None] = {}
 
 

@@ -6,6 +6,7 @@ override is an error that names the field instead of a silently ignored key.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,11 @@ from pydantic_core import ErrorDetails
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "demo.yaml"
+
+
+def cache_root() -> Path:
+    """Where set-up and first runs keep what they build and install: `$LEGORL_CACHE`, default `.cache/`."""
+    return Path(os.environ.get("LEGORL_CACHE", REPO_ROOT / ".cache"))
 
 
 class Strict(BaseModel):
@@ -178,8 +184,8 @@ class EngineConfig(Strict):
     # Options of a launched engine: `legorl serve --help`, and for vLLM the flag each maps to.
     dtype: Literal["float32", "bfloat16"] | None = Field(
         None,
-        description="Weights and compute dtype (--dtype); None: the engine's default (embedded: float32, "
-        "vllm: the checkpoint's).",
+        description="Weights and compute dtype (--dtype); None: the engine's default (embedded: float32; "
+        "vllm: the checkpoint's on GPU, bfloat16 for a float32 checkpoint on its CPU build).",
     )
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="K/V storage dtype (--kv-cache-dtype; auto: the compute dtype; vllm has no float32)."
@@ -189,7 +195,7 @@ class EngineConfig(Strict):
         gt=0,
         description="Bytes of the KV-cache pool (--kv-cache-memory-bytes); requests beyond it wait (None: "
         "embedded: the weights' size, 512 MiB or one max_context sequence, whichever is most; vllm: from its "
-        "--gpu-memory-utilization).",
+        "--gpu-memory-utilization on GPU, 2 GiB on its CPU build).",
     )
     enable_prefix_caching: bool = Field(
         True,

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import jaxlib
 
 from legorl_jax.core.build_once import build_once
-from legorl_jax.core.config import REPO_ROOT
+from legorl_jax.core.config import cache_root
 from legorl_jax.models.kv_cache import LayerView
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def _build() -> Path:
     sources = b"".join(path.read_bytes() for path in (*SOURCES, *_HEADERS))
     for part in (sources, version.encode(), " ".join(_FLAGS).encode(), _cpu_flags(), jaxlib.__version__):
         key.update(part if isinstance(part, bytes) else part.encode())
-    cache = Path(os.environ.get("LEGORL_CACHE", REPO_ROOT / ".cache")) / "kernels" / key.hexdigest()[:20]
+    cache = cache_root() / "kernels" / key.hexdigest()[:20]
 
     def compile_into(directory: Path) -> None:
         command = [compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(directory / _LIBRARY)]

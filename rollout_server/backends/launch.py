@@ -18,7 +18,7 @@ from legorl_jax.core.config import EngineConfig
 from rollout_server.backends.client import EngineClient, SyncEngineClient
 from rollout_server.backends.embedded import embedded_plan
 from rollout_server.backends.supervisor import LaunchPlan, ProcessSupervisor
-from rollout_server.backends.vllm import VllmOptions, check_vllm_version, free_port, vllm_plan
+from rollout_server.backends.vllm import VllmOptions, check_vllm_version, free_port, vllm_plan, with_cpu_defaults
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +102,12 @@ class ManagedEngine:
 def start_engine(
     engine: EngineConfig,
     model_dir: str | Path | None = None,
-    vllm: VllmOptions = VllmOptions(),
+    vllm: VllmOptions | None = None,
     **supervisor_kwargs: Any,
 ) -> ManagedEngine:
     """Launches (or, for `external`, points at) the engine. vLLM computes prompt
     logprobs at temperature 1; an external engine is assumed to be vLLM."""
+    vllm = vllm or VllmOptions()
     if engine.kind == "external":
         if not engine.url:
             raise ValueError("engine.kind=external needs engine.url")
@@ -116,7 +117,7 @@ def start_engine(
     # One port for the engine's whole life: restarts must come back where clients look.
     fixed = engine.model_copy(update={"port": engine.port or free_port(engine.host)})
     if engine.kind == "vllm":
-        check_vllm_version(vllm.executable)
+        fixed = with_cpu_defaults(fixed, check_vllm_version(vllm.executable))
 
         def planner(weights: str | None) -> LaunchPlan:
             return vllm_plan(fixed, model_dir, vllm, weights_dir=weights)

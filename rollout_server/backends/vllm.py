@@ -1,5 +1,10 @@
-"""`vllm serve` on GPU rollout hosts: the supported vLLM range, the command
-line the project needs, and a check of the installed version before launch.
+"""`vllm serve` on rollout hosts: which vLLM runs, the supported range, the
+command line the project needs, and a check of the installed version before launch.
+
+Which `vllm` (`find_vllm`): `$LEGORL_VLLM`, else the one on PATH (a GPU host's
+install), else set-up's CPU build, `$LEGORL_CACHE/vllm-venv/bin/vllm`
+(`scripts/setup` installs it with `scripts/vllm_cli.py` as its command, since
+the CPU wheel's own dies at start-up).
 
 Flags and why:
 - `--logprobs-mode processed_logprobs`: logprobs after temperature (and
@@ -26,6 +31,7 @@ Flags and why:
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import shutil
 import socket
@@ -35,7 +41,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from legorl_jax.core.config import EngineConfig
+from legorl_jax.core.config import EngineConfig, cache_root
 from rollout_server.backends.supervisor import LaunchPlan
 
 # Kept equal to the `vllm` extra in pyproject.toml (a test compares them).
@@ -48,9 +54,27 @@ class VllmVersionError(RuntimeError):
     """The installed vLLM is missing or outside SUPPORTED_VLLM."""
 
 
+def find_vllm() -> str:
+    """The `vllm` command to launch: `$LEGORL_VLLM`, the one on PATH, or set-up's CPU build."""
+    chosen = os.environ.get("LEGORL_VLLM")
+    if chosen:
+        return chosen
+    on_path = shutil.which("vllm")
+    if on_path:
+        return on_path
+    return str(cache_root() / "vllm-venv" / "bin" / "vllm")
+
+
+def _missing(executable: str) -> str:
+    return (
+        f"vLLM not found: `{executable}` is not an executable; run ./scripts/setup (vLLM's CPU build), "
+        f"`pip install 'vllm{SUPPORTED_VLLM}'` on a GPU host, or point LEGORL_VLLM at a `vllm` command"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class VllmOptions:
-    executable: str = "vllm"
+    executable: str = dataclasses.field(default_factory=find_vllm)
     served_model_name: str | None = None
     seed: int | None = None  # None: a random seed per launch, so no two hosts share one
 
@@ -63,12 +87,14 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def check_vllm_version(executable: str = "vllm", timeout_s: float = 300.0) -> Version:
-    """The version `vllm --version` reports, if SUPPORTED_VLLM contains it;
-    otherwise a VllmVersionError that says what is installed and what to install."""
+def check_vllm_version(executable: str | None = None, timeout_s: float = 300.0) -> Version:
+    """The version `vllm --version` reports (the CPU build's reads `0.32.0+cpu`), if
+    SUPPORTED_VLLM contains it; otherwise a VllmVersionError that says what is
+    installed and what to install."""
+    executable = executable or find_vllm()
     path = shutil.which(executable)
     if path is None:
-        raise VllmVersionError(f"`{executable}` not found on PATH; install the vllm extra on GPU hosts")
+        raise VllmVersionError(_missing(executable))
     try:
         proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -88,6 +114,21 @@ def check_vllm_version(executable: str = "vllm", timeout_s: float = 300.0) -> Ve
     return version
 
 
+# vLLM sizes its KV cache as a fraction of the device's memory (--gpu-memory-utilization,
+# 0.9); on CPU that device is the host's RAM, and one engine of a tiny model took 22 GB
+# of 24 here, leaving nothing for a second. The CPU build gets a fixed pool unless the
+# engine section sets one: requests beyond it wait.
+CPU_KV_CACHE_BYTES = 2 * 2**30
+
+
+def with_cpu_defaults(engine: EngineConfig, version: Version) -> EngineConfig:
+    """The engine section as launched by `version`: on the CPU build (`+cpu`), an unset
+    KV pool becomes CPU_KV_CACHE_BYTES."""
+    if version.local == "cpu" and engine.kv_cache_memory_bytes is None:
+        return engine.model_copy(update={"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES})
+    return engine
+
+
 def engine_flags(engine: EngineConfig) -> list[str]:
     """vLLM's flags for the engine section's launch options: the prefix-cache
     switch always; dtype, KV dtype and pool size when set (else vLLM chooses)."""
@@ -104,13 +145,14 @@ def engine_flags(engine: EngineConfig) -> list[str]:
 def vllm_plan(
     engine: EngineConfig,
     model_dir: str | Path,
-    options: VllmOptions = VllmOptions(),
+    options: VllmOptions | None = None,
     weights_dir: str | Path | None = None,
 ) -> LaunchPlan:
     """The command serving `weights_dir` (default: `model_dir`) under the name and
     tokenizer of `model_dir`; each call draws a new seed unless one is configured."""
+    options = options or VllmOptions()
     if shutil.which(options.executable) is None:
-        raise FileNotFoundError(f"`{options.executable}` not found on PATH; install the vllm extra on GPU hosts")
+        raise FileNotFoundError(_missing(options.executable))
     port = engine.port or free_port(engine.host)
     seed = options.seed if options.seed is not None else secrets.randbits(31)
     command = [

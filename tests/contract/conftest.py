@@ -2,9 +2,11 @@
 
     pytest tests/contract --engine-url http://gpu-host:8000 [--engine-reload-path DIR]
 
-Without --engine-url it runs twice on a tiny random model: against the
-embedded JAX engine, and against `vllm serve` as the launcher starts it, with
-the vLLM stand-in (tests/serve/vllm_standin.py) as the executable.
+Without --engine-url it runs three times on a tiny random model: against the
+embedded JAX engine, against the real vLLM (set-up's CPU build, launched by
+`start_engine` as a rollout host launches it), and against the same launch with
+the vLLM stand-in (tests/serve/vllm_standin.py) as the executable, which mimics
+0.33's per-token weight versions that the installable 0.32 lacks.
 The reload test needs a weights directory the engine can load whose weights
 differ from the served ones (built here for the local engines); against an
 external engine it is skipped unless --engine-reload-path is given, and the
@@ -34,12 +36,15 @@ def _option(config: pytest.Config, name: str, default: str | None = None) -> str
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from legorl_jax.models.demo_assets import build_tiny_hf_model
 
-    base = build_tiny_hf_model(tmp_path_factory.mktemp("contract") / "model", seed=0)
-    update = build_tiny_hf_model(tmp_path_factory.mktemp("contract") / "update", seed=1, tokenizer_dir=base)
+    # head_dim 32: the smallest vLLM's CPU attention kernels take (16 fails at the first request).
+    base = build_tiny_hf_model(tmp_path_factory.mktemp("contract") / "model", seed=0, head_dim=32)
+    update = build_tiny_hf_model(
+        tmp_path_factory.mktemp("contract") / "update", seed=1, head_dim=32, tokenizer_dir=base
+    )
     return base, update
 
 
-@pytest.fixture(scope="session", params=["embedded", "vllm-standin"])
+@pytest.fixture(scope="session", params=["embedded", pytest.param("vllm", marks=pytest.mark.vllm), "vllm-standin"])
 def engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, EngineWatch | None, bool]]:
     """(URL, launcher watch, whether prompt logprobs are fixed at temperature 1) of the engine under test."""
     url = _option(request.config, "--engine-url")
@@ -58,8 +63,14 @@ def engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, EngineWatch | 
     from rollout_server.backends.launch import start_engine
     from rollout_server.backends.vllm import VllmOptions
 
-    config = EngineConfig(kind="vllm", port=0, max_batch=8, max_context=128)
-    launched = start_engine(config, base, VllmOptions(executable=request.getfixturevalue("vllm_standin")))
+    # float32 as the checkpoint is: vLLM on CPU would otherwise serve it in bfloat16.
+    config = EngineConfig(kind="vllm", port=0, max_batch=8, max_context=128, dtype="float32")
+    options = (
+        VllmOptions(executable=request.getfixturevalue("vllm_standin"))
+        if request.param == "vllm-standin"
+        else VllmOptions()
+    )
+    launched = start_engine(config, base, options)
     try:
         yield launched.url, launched, True
     finally:

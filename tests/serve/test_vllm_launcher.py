@@ -14,13 +14,23 @@ from pathlib import Path
 import httpx
 import pytest
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 from legorl_jax.cli import build_parser
 from legorl_jax.core.config import EngineConfig
 from rollout_server.backends.embedded import embedded_plan
 from rollout_server.backends.launch import ManagedEngine, start_engine
 from rollout_server.backends.supervisor import EngineStartError
-from rollout_server.backends.vllm import SUPPORTED_VLLM, VllmOptions, VllmVersionError, check_vllm_version, vllm_plan
+from rollout_server.backends.vllm import (
+    CPU_KV_CACHE_BYTES,
+    SUPPORTED_VLLM,
+    VllmOptions,
+    VllmVersionError,
+    check_vllm_version,
+    find_vllm,
+    vllm_plan,
+    with_cpu_defaults,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,10 +112,36 @@ def test_each_plan_draws_its_own_seed_unless_one_is_configured(vllm_standin: str
 
 
 def test_missing_vllm_executable_is_a_clear_error() -> None:
-    with pytest.raises(FileNotFoundError, match="not found on PATH"):
+    with pytest.raises(FileNotFoundError, match="vLLM not found.*scripts/setup.*LEGORL_VLLM"):
         vllm_plan(EngineConfig(kind="vllm"), "/m", VllmOptions(executable="no-such-vllm-binary"))
-    with pytest.raises(VllmVersionError, match="not found on PATH"):
+    with pytest.raises(VllmVersionError, match="vLLM not found"):
         check_vllm_version("no-such-vllm-binary")
+
+
+def test_which_vllm_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """$LEGORL_VLLM first, then `vllm` on PATH, then set-up's CPU build in the cache."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("LEGORL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LEGORL_VLLM", raising=False)
+    assert find_vllm() == str(tmp_path / "cache" / "vllm-venv" / "bin" / "vllm")
+    on_path = tmp_path / "bin" / "vllm"
+    on_path.parent.mkdir()
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(0o755)
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    assert find_vllm() == str(on_path) == VllmOptions().executable
+    monkeypatch.setenv("LEGORL_VLLM", "/opt/vllm/bin/vllm")
+    assert find_vllm() == "/opt/vllm/bin/vllm"
+
+
+def test_the_cpu_build_gets_a_bounded_kv_pool() -> None:
+    """On CPU vLLM would size its KV cache as 90% of the host's RAM."""
+    config = EngineConfig(kind="vllm")
+    cpu = with_cpu_defaults(config, Version("0.32.0+cpu"))
+    assert cpu.kv_cache_memory_bytes == CPU_KV_CACHE_BYTES
+    assert with_cpu_defaults(config, Version("0.32.0")).kv_cache_memory_bytes is None
+    chosen = config.model_copy(update={"kv_cache_memory_bytes": 2**28})
+    assert with_cpu_defaults(chosen, Version("0.32.0+cpu")).kv_cache_memory_bytes == 2**28
 
 
 def test_pinned_range_is_the_vllm_extra() -> None:
