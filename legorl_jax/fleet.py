@@ -100,6 +100,8 @@ class Fleet:
         # Also what a weight streamer to these servers uses. A missing CA file or token fails here,
         # not at the first call.
         self.security = client_security(security or GrpcSecurityConfig())
+        # Per server, the probe difference its last UpdateWeights reported (rollout.proto).
+        self.probe_diffs: dict[str, float] = {}
         self._max_retries = max_retries
         self._rpc_timeout_s = rpc_timeout_s
         self._probe_interval_s = probe_interval_s
@@ -155,7 +157,10 @@ class Fleet:
                 timeout=self._rpc_timeout_s,
                 metadata=self.security.metadata,
             )
+            self.probe_diffs[server.address] = reply.probe_max_abs_diff
             return server.address, reply.loaded_version
+
+        self.probe_diffs = {}
 
         await self.refresh()  # a server marked dead may be back; it must get the weights too
         live = [s for s in self._servers if s.alive]

@@ -220,6 +220,7 @@ class RolloutServer:
             max_trial_timeout_s=cfg.fleet.max_trial_timeout_s,
             max_tokens=context,
             weights_idle_timeout_s=cfg.fleet.weights_idle_timeout_s,
+            engine_restart_timeout_s=cfg.engine.startup_timeout_s,
         )
         self._weights_dir = tempfile.TemporaryDirectory(prefix="legorl-weights-")
         self.service = RolloutService(
@@ -231,6 +232,7 @@ class RolloutServer:
             task_roots=task_roots(cfg),
             # A relayed weight stream goes to another server of the fleet, which wants the fleet's token and TLS.
             relay_security=client_security(cfg.fleet.security),
+            engine_dtype=self.engine.dtype,
         )
         # Streamed weights carry tokenizer files whole in their header (Qwen3's is ~11 MB).
         self._grpc = grpc.aio.server(

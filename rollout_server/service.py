@@ -36,9 +36,11 @@ from legorl_jax.core.grpc_auth import ClientSecurity
 from legorl_jax.core.seeds import derive_seed
 from legorl_jax.core.version import __version__
 from legorl_jax.core.weight_layout import WeightTransferError
+from legorl_jax.core.weight_probe import ProbeResult
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient, EngineError
+from rollout_server.backends.served_probe import ProbeFailed, failure, probe_engine
 from rollout_server.harnesses import get_harness, harness_names
 from rollout_server.harnesses.base import HarnessConfigError, HarnessOptions
 from rollout_server.served_tensors import ServedTensors
@@ -75,6 +77,8 @@ class ServiceLimits:
     max_tokens: int = 4096
     # A StreamWeights sender silent this long is dropped, so it cannot hold the weights lock.
     weights_idle_timeout_s: float = 120.0
+    # How long a restart of the engine (after a failed probe) may take to come back.
+    engine_restart_timeout_s: float = 900.0
 
 
 class Refused(Exception):
@@ -219,8 +223,12 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         limits: ServiceLimits = ServiceLimits(),
         task_roots: Iterable[Path] = (),
         relay_security: ClientSecurity = ClientSecurity(),
+        engine_dtype: str | None = None,
+        check_probe: bool = True,
     ) -> None:
         self.host = host
+        self.engine_dtype = engine_dtype  # the engine's compute dtype (None: its own choice), for the probe
+        self.check_probe = check_probe  # off only where the engine computes nothing (weight_host's)
         self.weights_root = weights_root
         # How this server calls the next one of a StreamWeights relay chain (the fleet's token and CA).
         self.relay_security = relay_security
@@ -431,11 +439,15 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
     async def _load(self, version: int, directory: Path, *, how: str) -> pb.UpdateWeightsResponse:
         """pause (keep) → reload → reset prefix cache → label `version` → resume; new trials
         then carry `version`. Completions in flight go on under the new weights, and the
-        engine's per-token versions say which of their tokens each policy sampled."""
+        engine's per-token versions say which of their tokens each policy sampled.
+        Then the probe (`served_probe`): an engine that does not compute what the learner
+        computes is restarted on the new directory (when this server launched it) and
+        probed again; one that still fails is refused, and the version is not served."""
         started = time.monotonic()
         try:
             await self.engine.update_weights(str(directory), "keep", version=str(version))
-        except EngineError as exc:
+            probe, path = await self._probe_or_restart(directory)
+        except (EngineError, ProbeFailed) as exc:
             # What the engine holds now is unknown: no delta may build on it.
             self.served_weights = None
             self.served_tensors.clear()
@@ -443,8 +455,30 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         self.host.policy_version = version
         self.served_weights = directory
         reload_s = time.monotonic() - started
-        log.info("policy version %d loaded (%s) in %.2f s", version, how, reload_s)
-        return pb.UpdateWeightsResponse(loaded_version=version, reload_s=reload_s)
+        diff = math.nan if probe is None else probe.max_abs_diff
+        log.info("policy version %d loaded (%s, by %s) in %.2f s; probe max diff %.3g", version, how, path,
+                 reload_s, diff)  # fmt: skip
+        return pb.UpdateWeightsResponse(loaded_version=version, reload_s=reload_s, probe_max_abs_diff=diff,
+                                        update_path=path)  # fmt: skip
+
+    async def _probe_or_restart(self, directory: Path) -> tuple[ProbeResult | None, str]:
+        """The probe of what the engine now serves, and how it came to serve it ("reload" or "restart")."""
+        if not self.check_probe:
+            return None, "reload"
+        result = await probe_engine(self.engine, directory, self.engine_dtype)
+        if result is None or result.passed:
+            return result, "reload"
+        watch = self.engine.watch
+        if watch is None:
+            raise ProbeFailed(failure(result, directory, "reloaded with"))
+        log.error("%s; restarting it on them", failure(result, directory, "reloaded with"))
+        epoch = watch.epoch()
+        watch.restart(f"reload of {directory} failed its probe")
+        await self.engine.wait_for_restart(epoch, self.limits.engine_restart_timeout_s)
+        result = await probe_engine(self.engine, directory, self.engine_dtype)
+        if result is not None and not result.passed:
+            raise ProbeFailed(failure(result, directory, "restarted on"))
+        return result, "restart"
 
     # -------------------------------------------------------------- Status --
 

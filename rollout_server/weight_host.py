@@ -1,6 +1,7 @@
 """A weights-only rollout host: the real `RolloutService` weight handlers
 (UpdateWeights, StreamWeights with relays, GetStatus) over an engine that
-holds the weights in host memory. Tests and `scripts/bench_weight_sync.py`
+holds the weights in host memory (and so computes no probe logprobs: the
+served-weights check is off). Tests and `scripts/bench_weight_sync.py`
 run fleets of these as processes, without GPUs, sandboxes or tasks; they
 run no trials (a Rollout call fails with INTERNAL).
 
@@ -54,8 +55,14 @@ async def start(root: Path, address: str = "127.0.0.1:0") -> tuple[grpc.aio.Serv
         model_name="weights-only",
         policy_version=0,
     )
+    # Its engine computes nothing, so it has no logprobs for the served-weights probe.
     service = RolloutService(
-        host, cast(EngineClient, MemoryEngine()), {}, root, ServiceLimits(capacity=1, weights_idle_timeout_s=30.0)
+        host,
+        cast(EngineClient, MemoryEngine()),
+        {},
+        root,
+        ServiceLimits(capacity=1, weights_idle_timeout_s=30.0),
+        check_probe=False,
     )
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
     pb_grpc.add_RolloutServiceServicer_to_server(service, server)

@@ -76,6 +76,7 @@ from legorl_jax.core.weight_layout import (
     version_dir_name,
     weight_files,
 )
+from legorl_jax.core.weight_probe import WeightProbe
 from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.served_tensors import Held, ServedTensors
 
@@ -109,9 +110,11 @@ def install_delta(
     keep: int = DEFAULT_KEEP,
     memory: ServedTensors | None = None,
     served: Path | None = None,
+    probe: WeightProbe | None = None,
 ) -> tuple[int, Path]:
     """Patches the weights of `base` with a delta blob into a new directory under
     `dest_root`, installed only once its digest matches; returns (version, directory).
+    `probe`, from the delta's manifest, goes into the new version's.
     With `memory` holding `base`'s tensors they are patched instead of read from
     disk, and the new version's are held there once it is installed. The
     directory the engine `served` from stays whole (it may be another than
@@ -144,7 +147,7 @@ def install_delta(
             safetensors_io.save_file({n: tensors[n] for n in names}, tmp / file)
         for side in sides:
             shutil.copyfile(side, tmp / side.name)
-        (tmp / MANIFEST_FILE).write_bytes(Manifest(header.version, header.digest).to_bytes())
+        (tmp / MANIFEST_FILE).write_bytes(Manifest(header.version, header.digest, probe=probe).to_bytes())
         new_sums = {**({} if held is None else held.sums), **sums.result()}
         if combine_sums(new_sums) != header.digest:
             raise WeightTransferError(f"weights after the delta to version {header.version} do not match its digest")
@@ -377,8 +380,17 @@ async def receive_stream(
     if first is None or first.WhichOneof("payload") != "header":
         raise WeightTransferError("a weight stream must start with a header message")
     if first.header.delta:
-        blob = await _receive_delta(first.header, next_message, base)
-        return await asyncio.to_thread(install_delta, base, blob, dest_root, keep, memory, base)  # type: ignore[arg-type]
+        blob, manifest = await _receive_delta(first.header, next_message, base)
+        return await asyncio.to_thread(
+            install_delta,
+            base,  # type: ignore[arg-type]
+            blob,
+            dest_root,
+            keep,
+            memory,
+            base,
+            manifest.probe,
+        )
     if memory is not None:
         memory.clear()  # a full version replaces it: no two models in memory while this one arrives
     label = version_dir_name(first.header.version)
@@ -401,8 +413,8 @@ async def receive_stream(
 
 async def _receive_delta(
     header: pb.WeightHeader, next_message: Callable[[], Awaitable[pb.WeightChunk | None]], base: Path | None
-) -> bytes:
-    """A delta stream's blob, bounded by what a delta of `base` can weigh."""
+) -> tuple[bytes, Manifest]:
+    """A delta stream's blob, bounded by what a delta of `base` can weigh, and its manifest."""
     if set(header.files) != {MANIFEST_FILE}:
         raise WeightTransferError(f"a delta header carries {MANIFEST_FILE} alone, got {sorted(header.files)}")
     manifest = Manifest.parse(header.files[MANIFEST_FILE], "header")
@@ -425,7 +437,7 @@ async def _receive_delta(
         blob += message.delta
         if len(blob) > limit:
             raise WeightTransferError(f"delta exceeds {limit} bytes, more than any delta of the served weights")
-    return bytes(blob)
+    return bytes(blob), manifest
 
 
 # -------------------------------------------------------------- location ---
@@ -468,7 +480,7 @@ def resolve_location(
         and current is not None
         and _serves(current, base_version, manifest.base_digest)
     ):
-        return _apply(uri, current, cache_root, keep, context, memory, current)
+        return _apply(uri, manifest, current, cache_root, keep, context, memory, current)
     if _read(uri, "config.json", context) is not None:  # a full checkpoint (perhaps beside a delta)
         if memory is not None:
             memory.clear()  # read from its files by the first delta on it; the old version's go now
@@ -482,7 +494,7 @@ def resolve_location(
     # The base is rebuilt the same way, from its own base, down to the last full checkpoint.
     sibling = f"{uri.rstrip('/').rsplit('/', 1)[0]}/{version_dir_name(base_version)}"
     base = resolve_location(sibling, cache_root, keep=keep, context=context, current=current, memory=memory)
-    return _apply(uri, base, cache_root, keep, context, memory, current)
+    return _apply(uri, manifest, base, cache_root, keep, context, memory, current)
 
 
 def _serves(current: Path, version: int, digest: str | None) -> bool:
@@ -492,6 +504,7 @@ def _serves(current: Path, version: int, digest: str | None) -> bool:
 
 def _apply(
     uri: str,
+    manifest: Manifest,
     base: Path,
     cache_root: Path,
     keep: int,
@@ -503,7 +516,7 @@ def _apply(
     blob = _read(uri, DELTA_FILE, context)
     if blob is None:
         raise WeightTransferError(f"{uri}: its {MANIFEST_FILE} names a delta, but there is no {DELTA_FILE}")
-    return install_delta(base, blob, Path(cache_root), keep, memory, served)[1]
+    return install_delta(base, blob, Path(cache_root), keep, memory, served, manifest.probe)[1]
 
 
 def _read(uri: str, name: str, context: ts.Context | None) -> bytes | None:

@@ -3,8 +3,9 @@ rollout host that reads it.
 
 A weights root holds one directory per policy version (`version_dir_name`).
 Each is an HF directory (config, tokenizer, safetensors files and their index)
-plus `weights.json` (`Manifest`: its version and the digest of its exact
-tensors, `weight_delta.weights_digest`); a delta version holds only the
+plus `weights.json` (`Manifest`: its version, the digest of its exact
+tensors, `weight_delta.weights_digest`, and the learner's logprobs of the
+probe sequence, `weight_probe`); a delta version holds only the
 manifest, naming its base, and `delta.bin`. Directories are built under a
 hidden name starting with `TMP_PREFIX` and renamed into place when complete
 (`install_directory`), so a reader never sees a half-written version.
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from legorl_jax.core import safetensors_io
+from legorl_jax.core.weight_probe import WeightProbe
 
 INDEX_FILE = "model.safetensors.index.json"
 MANIFEST_FILE = "weights.json"
@@ -42,16 +44,21 @@ class Manifest:
     digest: str
     base_version: int | None = None
     base_digest: str | None = None
+    probe: WeightProbe | None = None  # the learner's logprobs of the probe under these weights
 
     def to_bytes(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self)).encode()
+        fields = dataclasses.asdict(self)
+        fields["probe"] = None if self.probe is None else self.probe.to_json()
+        return json.dumps(fields).encode()
 
     @classmethod
     def parse(cls, raw: bytes, where: str) -> Manifest:
         try:
-            return cls(**json.loads(raw))
-        except (ValueError, TypeError) as exc:
-            raise WeightTransferError(f"{where}: {MANIFEST_FILE} is malformed: {exc}") from None
+            fields = json.loads(raw)
+            probe = fields.pop("probe", None)
+            return cls(**fields, probe=None if probe is None else WeightProbe.from_json(probe))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise WeightTransferError(f"{where}: {MANIFEST_FILE} is malformed: {exc!r}") from None
 
 
 def read_manifest(directory: Path | None) -> Manifest | None:

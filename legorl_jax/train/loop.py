@@ -125,6 +125,9 @@ class _Run:
 class _NoSubscribers:
     """The other processes' side of a publish: they help gather the weights; process 0 loads them on the fleet."""
 
+    def __init__(self) -> None:
+        self.probe_diffs: dict[str, float] = {}
+
     async def update_weights(self, version: int, location: str) -> dict[str, int]:
         return {}
 
@@ -402,7 +405,7 @@ class Trainer:
                     "time/learner_s": learner_s,
                     "time/publish_s": published.publish_s,
                     "time/reload_s": published.load_s,
-                    **_publish_metrics(run.publisher.last, published.version),
+                    **_publish_metrics(run.publisher.last, published),
                     "throughput/tokens_per_s": assembled.metrics.get("rollout/completion_tokens", 0.0)
                     / max(batch.rollout_s, 1e-9),
                 }
@@ -458,10 +461,16 @@ def _progress(total: int, done: int, enabled: bool):
     return tqdm(total=total, initial=done, desc="train", unit="step", disable=not enabled, dynamic_ncols=True)
 
 
-def _publish_metrics(stats: PublishStats | None, version: int) -> dict[str, float]:
-    """What publishing `version` sent: the fraction of stored elements that changed
+def _publish_metrics(stats: PublishStats | None, published: PublishReport) -> dict[str, float]:
+    """What publishing a version sent: the fraction of stored elements that changed
     (1.0 for a full checkpoint) and the bytes a server serving the version before
-    fetches. Only process 0 writes, so elsewhere there is nothing to report."""
-    if stats is None or stats.version != version:
-        return {}
-    return {"weights/changed_frac": stats.changed_fraction, "weights/bytes": float(stats.nbytes)}
+    fetches; and how far the engines' probe logprobs were from the learner's
+    (`weights/probe_max_abs_diff`). Only process 0 writes and loads, so elsewhere
+    there is nothing to report."""
+    metrics = {}
+    if stats is not None and stats.version == published.version:
+        metrics = {"weights/changed_frac": stats.changed_fraction, "weights/bytes": float(stats.nbytes)}
+    probe = published.probe_max_abs_diff()
+    if probe is not None:
+        metrics["weights/probe_max_abs_diff"] = probe
+    return metrics

@@ -19,7 +19,9 @@ newest `keep` are deleted; `keep` must cover the policy lag, since a server may
 still be asked to load a version a step or two old.
 
 Every version carries `weights.json` (`legorl_jax.core.weight_layout.Manifest`: the
-version and the digest of its exact tensors). With `full_every` K > 1 every
+version, the digest of its exact tensors, and the learner's logprobs of the fixed
+probe sequence, `legorl_jax.core.weight_probe`, which each host checks its engine
+against after loading the version). With `full_every` K > 1 every
 version after the first is also a delta against the one before
 (`legorl_jax.core.weight_delta`: the stored elements whose bits changed,
 varint-coded), and only every K-th version (and the first, and any after a gap)
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import os
 import re
 import shutil
@@ -53,6 +56,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
+from flax import nnx
+from jax.experimental import multihost_utils
 
 from legorl_jax.core.weight_delta import encode_delta, read_header, weights_digest
 from legorl_jax.core.weight_layout import (
@@ -63,9 +68,11 @@ from legorl_jax.core.weight_layout import (
     read_tensors,
     version_dir_name,
 )
+from legorl_jax.core.weight_probe import WeightProbe, probe_token_ids
 from legorl_jax.models import CausalLM, to_hf
 from legorl_jax.models.config import DType
 from legorl_jax.models.hf_io import _hf_tensors
+from legorl_jax.models.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +93,9 @@ class WeightPublisher(Protocol):
 
 
 class WeightSubscribers(Protocol):
+    # Per server, how far its engine's probe logprobs were from the learner's at the last update.
+    probe_diffs: dict[str, float]
+
     async def update_weights(self, version: int, location: str) -> dict[str, int]:
         """Makes every server load `location`; returns address -> loaded version."""
         ...
@@ -98,6 +108,12 @@ class PublishReport:
     publish_s: float
     load_s: float
     loaded: dict[str, int]
+    probe_diffs: dict[str, float]
+
+    def probe_max_abs_diff(self) -> float | None:
+        """The largest probe difference any server reported (None: none carried a probe)."""
+        diffs = [d for d in self.probe_diffs.values() if math.isfinite(d)]
+        return max(diffs) if diffs else None
 
 
 async def publish_weights(
@@ -113,7 +129,8 @@ async def publish_weights(
     location = await asyncio.to_thread(publisher.publish, model, version)
     published = time.monotonic()
     loaded = await subscribers.update_weights(version, location)
-    return PublishReport(version, location, published - started, time.monotonic() - published, loaded)
+    load_s = time.monotonic() - published
+    return PublishReport(version, location, published - started, load_s, loaded, dict(subscribers.probe_diffs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +247,21 @@ class _KvStore:
         return f"{self.url}/{result.value.decode().strip()}" if result.state == "value" else None
 
 
+@nnx.jit
+def _probe_logprobs(model: CausalLM, tokens: np.ndarray) -> jax.Array:
+    return token_logprobs(model, jnp.asarray(tokens))
+
+
+def weight_probe(model: CausalLM, stored: DType | None = None) -> WeightProbe:
+    """The model's logprobs of the probe sequence (every process computes them: the
+    model may be sharded across all of them)."""
+    ids = probe_token_ids(model.config.vocab_size)
+    out = _probe_logprobs(model, np.asarray([ids], np.int32))
+    host = np.asarray(out if out.is_fully_addressable else multihost_utils.process_allgather(out, tiled=True))
+    dtypes = (stored or model.config.param_dtype, model.config.compute_dtype)
+    return WeightProbe(tuple(ids), tuple(float(x) for x in host[0]), dtypes)
+
+
 @dataclasses.dataclass
 class _Published:
     """The previous version as hosts will rebuild it: the base of the next delta."""
@@ -295,8 +327,10 @@ class DirectoryPublisher:
         full = base is None or version - self._full_version >= self.full_every
         written: list[tuple[_Published, PublishStats]] = []  # process 0's, kept only once installed
 
+        probe = weight_probe(model, self._dtype)
+
         def write(out: Path) -> None:
-            written.extend(self._write(model, version, out, base, full))
+            written.extend(self._write(model, version, out, base, full, probe))
 
         location = self._store.publish(version, write, self.keep, version if full else self._full_version)
         if full:
@@ -309,7 +343,7 @@ class DirectoryPublisher:
         return location
 
     def _write(
-        self, model: CausalLM, version: int, out: Path, base: _Published | None, full: bool
+        self, model: CausalLM, version: int, out: Path, base: _Published | None, full: bool, probe: WeightProbe
     ) -> list[tuple[_Published, PublishStats]]:
         if full:
             to_hf(model, out, **self._export)
@@ -323,13 +357,13 @@ class DirectoryPublisher:
         digest = weights_digest(tensors)
         out.mkdir(parents=True, exist_ok=True)
         if base is None:
-            (out / MANIFEST_FILE).write_bytes(Manifest(version, digest).to_bytes())
+            (out / MANIFEST_FILE).write_bytes(Manifest(version, digest, probe=probe).to_bytes())
             nbytes = sum(p.stat().st_size for p in out.iterdir())
             return [(_Published(version, digest, tensors), PublishStats(version, "full", 1.0, nbytes))]
         blob = encode_delta(base.tensors, tensors, base_version=base.version, version=version,
                             base_digest=base.digest, digest=digest)  # fmt: skip
         (out / DELTA_FILE).write_bytes(blob)
-        (out / MANIFEST_FILE).write_bytes(Manifest(version, digest, base.version, base.digest).to_bytes())
+        (out / MANIFEST_FILE).write_bytes(Manifest(version, digest, base.version, base.digest, probe).to_bytes())
         header = read_header(blob)
         kind: Literal["delta", "delta+full"] = "delta+full" if full else "delta"
         stats = PublishStats(version, kind, header.changed / max(header.total, 1), len(blob))

@@ -167,6 +167,8 @@ class WeightStreamer:
         self.timeout_s = timeout_s
         self.security = security
         self.relay = relay
+        # Per server, the probe difference its last direct StreamWeights reported (rollout.proto).
+        self.probe_diffs: dict[str, float] = {}
 
     async def _send(
         self, address: str, directory: Path, version: int, relay_to: Sequence[str] = (), *, full: bool = False
@@ -175,6 +177,7 @@ class WeightStreamer:
             stub = pb_grpc.RolloutServiceStub(channel)
             chunks = _in_thread(weight_chunks(directory, version, self.chunk_bytes, relay_to, full=full))
             reply = await stub.StreamWeights(chunks, timeout=self.timeout_s, metadata=self.security.metadata)
+        self.probe_diffs[address] = reply.probe_max_abs_diff
         return reply.loaded_version
 
     async def _send_or_catch_up(self, address: str, directory: Path, version: int) -> int:
@@ -201,6 +204,7 @@ class WeightStreamer:
         return status.loaded_policy_version
 
     async def update_weights(self, version: int, location: str) -> dict[str, int]:
+        self.probe_diffs = {}
         directory = _local_directory(location)
         behind = self.addresses
         if self.relay:

@@ -186,12 +186,12 @@ class EngineWatch(Protocol):
         """The weights directory the engine serves now (None: unknown)."""
         ...
 
-    def record(self, epoch: int, weights_path: str) -> bool:
-        """Marks `weights_path` installed unless the engine restarted since `epoch`."""
+    def record(self, epoch: int, weights_path: str, label: str | None = None) -> bool:
+        """Marks `weights_path` installed (its tokens labelled `label`) unless the engine restarted since `epoch`."""
         ...
 
     def restart(self, reason: str) -> None:
-        """Kills the engine; it comes back on `installed()`."""
+        """Kills the engine; it comes back on `installed()`, under its label."""
         ...
 
 
@@ -254,6 +254,14 @@ class EngineClient:
             if time.monotonic() > deadline:
                 raise EngineError(0, f"{self.base_url} not healthy after {timeout:.0f}s", "Timeout")
             await asyncio.sleep(interval)
+
+    async def wait_for_restart(self, epoch: int, timeout: float) -> None:
+        """Until the launcher has restarted the engine since `epoch` and it answers /health."""
+        deadline = time.monotonic() + timeout
+        while self.watch is None or self.watch.epoch() == epoch or not await self.healthy():
+            if time.monotonic() > deadline:
+                raise EngineError(0, f"the engine did not come back within {timeout:g} s of its restart", "Timeout")
+            await asyncio.sleep(0.5)
 
     async def model(self) -> str:
         if self._model is None:
@@ -366,7 +374,7 @@ class EngineClient:
         finally:
             if not restarted:
                 await self.resume()
-        if self.watch is not None and not self.watch.record(epoch, weights_path):
+        if self.watch is not None and not self.watch.record(epoch, weights_path, version):
             raise EngineError(
                 0,
                 f"the engine restarted during the update to {weights_path}; it serves {self.watch.installed()}",
@@ -425,3 +433,14 @@ class SyncEngineClient:
 
     def update_weights(self, weights_path: str, mode: PauseMode = "keep", version: str | None = None) -> dict[str, Any]:
         return self._run(self._async.update_weights(weights_path, mode, version))
+
+    def label_weights(self, version: str) -> bool:
+        return self._run(self._async.label_weights(version))
+
+    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Runs a coroutine of the async client (`async_client`) to its end."""
+        return self._run(coro)
+
+    @property
+    def async_client(self) -> EngineClient:
+        return self._async

@@ -17,6 +17,7 @@ from typing import Any
 from legorl_jax.core.config import EngineConfig
 from rollout_server.backends.client import EngineClient, SyncEngineClient
 from rollout_server.backends.embedded import embedded_plan
+from rollout_server.backends.served_probe import ProbeFailed, failure, probe_engine
 from rollout_server.backends.supervisor import LaunchPlan, ProcessSupervisor
 from rollout_server.backends.vllm import VllmOptions, check_vllm_version, free_port, vllm_plan, with_cpu_defaults
 
@@ -30,11 +31,20 @@ class ManagedEngine:
     """An engine URL plus, when this process launched it, its supervisor and
     the weights it serves (the `EngineWatch` its clients report to)."""
 
-    def __init__(self, url: str, *, unit_temperature_prompt_logprobs: bool, installed: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        unit_temperature_prompt_logprobs: bool,
+        installed: str | None = None,
+        dtype: str | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.supervisor: ProcessSupervisor | None = None
         self.unit_temperature_prompt_logprobs = unit_temperature_prompt_logprobs
+        self.dtype = dtype  # the engine's compute dtype, None where it chooses (the probe's tolerance)
         self._installed = installed
+        self._label: str | None = None
         self._epoch = 0
         self._lock = threading.Lock()  # the supervisor's thread replans while clients record
 
@@ -45,13 +55,19 @@ class ManagedEngine:
         model_dir: str | Path,
         *,
         unit_temperature_prompt_logprobs: bool,
+        dtype: str | None = None,
         **supervisor_kwargs: Any,
     ) -> ManagedEngine:
         plan = planner(None)
         engine = cls(
-            plan.url, unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs, installed=str(model_dir)
+            plan.url,
+            unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs,
+            installed=str(model_dir),
+            dtype=dtype,
         )
-        engine.supervisor = ProcessSupervisor(plan, replan=lambda: engine._replan(planner), **supervisor_kwargs)
+        engine.supervisor = ProcessSupervisor(
+            plan, replan=lambda: engine._replan(planner), after_restart=engine._after_restart, **supervisor_kwargs
+        )
         engine.supervisor.start()
         return engine
 
@@ -62,6 +78,24 @@ class ManagedEngine:
         log.warning("engine restart %d serves %s", self._epoch, weights)
         return planner(weights)
 
+    def _after_restart(self) -> None:
+        """A restarted engine gets back its weights' label, and must pass their probe
+        before it counts as up (raising: the supervisor kills it and tries again)."""
+        with self._lock:
+            weights, label = self._installed, self._label
+        sync = SyncEngineClient(self.url, unit_temperature_prompt_logprobs=self.unit_temperature_prompt_logprobs)
+        try:
+            if label is not None:
+                sync.label_weights(label)
+            if weights is not None:
+                result = sync.run(probe_engine(sync.async_client, weights, self.dtype))
+                if result is not None and not result.passed:
+                    raise ProbeFailed(failure(result, weights, "restarted on"))
+                if result is not None:
+                    log.info("restarted engine passes the probe of %s (max diff %.3g)", weights, result.max_abs_diff)
+        finally:
+            sync.close()
+
     # -- EngineWatch ------------------------------------------------------------
     def epoch(self) -> int:
         with self._lock:
@@ -71,11 +105,12 @@ class ManagedEngine:
         with self._lock:
             return self._installed
 
-    def record(self, epoch: int, weights_path: str) -> bool:
+    def record(self, epoch: int, weights_path: str, label: str | None = None) -> bool:
         with self._lock:
             if epoch != self._epoch:
                 return False
             self._installed = weights_path
+            self._label = label
             return True
 
     def restart(self, reason: str) -> None:
@@ -127,5 +162,9 @@ def start_engine(
             return embedded_plan(fixed, model_dir, str(model_dir), weights_dir=weights)
 
     return ManagedEngine.launch(
-        planner, model_dir, unit_temperature_prompt_logprobs=engine.kind == "vllm", **supervisor_kwargs
+        planner,
+        model_dir,
+        unit_temperature_prompt_logprobs=engine.kind == "vllm",
+        dtype=engine.dtype or ("float32" if engine.kind == "embedded" else None),
+        **supervisor_kwargs,
     )

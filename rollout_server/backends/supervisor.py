@@ -63,9 +63,11 @@ class ProcessSupervisor:
         health_timeout: float = 900.0,
         max_restarts: int = 3,
         replan: Callable[[], LaunchPlan] | None = None,
+        after_restart: Callable[[], None] | None = None,
     ) -> None:
         self.plan = plan
         self.replan = replan
+        self.after_restart = after_restart  # run once a restarted process is healthy; raising fails the restart
         self.log_path = log_path
         self.health_timeout = health_timeout
         self.max_restarts = max_restarts
@@ -186,8 +188,10 @@ class ProcessSupervisor:
                     self.plan = self.replan()
                 self._spawn()
                 self._wait_healthy()
+                if self.after_restart is not None:
+                    self.after_restart()
                 self.state = "healthy"
-            except (EngineStartError, OSError) as exc:  # OSError: replan found no executable
+            except Exception as exc:  # EngineStartError; OSError: replan found no executable; the hook's failure
                 if self._stopping.is_set():
                     return
                 log.error("engine restart failed: %s", exc)

@@ -201,12 +201,16 @@ class UpdateWeightsRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., location: _Optional[str] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("loaded_version", "reload_s")
+    __slots__ = ("loaded_version", "reload_s", "probe_max_abs_diff", "update_path")
     LOADED_VERSION_FIELD_NUMBER: _ClassVar[int]
     RELOAD_S_FIELD_NUMBER: _ClassVar[int]
+    PROBE_MAX_ABS_DIFF_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_PATH_FIELD_NUMBER: _ClassVar[int]
     loaded_version: int
     reload_s: float
-    def __init__(self, loaded_version: _Optional[int] = ..., reload_s: _Optional[float] = ...) -> None: ...
+    probe_max_abs_diff: float
+    update_path: str
+    def __init__(self, loaded_version: _Optional[int] = ..., reload_s: _Optional[float] = ..., probe_max_abs_diff: _Optional[float] = ..., update_path: _Optional[str] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("header", "tensor", "delta")
