@@ -110,3 +110,28 @@ def test_a_dumped_config_keeps_the_horizon_following_the_run(tmp_path: Path) -> 
     assert load_config(saved, ["total_steps=40"]).learner.optimizer.total_steps == 40
     saved.write_text(dump_config(load_config(DEFAULT_CONFIG, ["learner.optimizer.total_steps=50"])))
     assert load_config(saved, ["total_steps=40"]).learner.optimizer.total_steps == 50
+
+
+def test_a_config_starts_from_its_base(tmp_path: Path) -> None:
+    """`base: FILE` lays a file over another: mappings key by key, lists and scalars whole."""
+    vllm = load_config(CONFIG_DIR / "demo_vllm.yaml")
+    demo = load_config(DEFAULT_CONFIG)
+    assert vllm.engine.kind == "vllm" and vllm.engine.dtype == "float32"
+    assert vllm.engine.max_context == demo.engine.max_context and vllm.rl == demo.rl
+    assert vllm.harness_mix == demo.harness_mix and vllm.logging.run_name == "demo_vllm"
+    top = tmp_path / "top.yaml"
+    top.write_text(f"base: {DEFAULT_CONFIG}\nfleet:\n  servers: [a:1]\n")
+    assert load_config(top).fleet.servers == ["a:1"] and load_config(top).total_steps == demo.total_steps
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("base: loop.yaml\n", "leads back to itself"), ("base: [a]\n", "base must be the name"),
+     ("base: missing.yaml\n", "config file not found")],
+)  # fmt: skip
+def test_a_bad_base_is_a_config_error(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(config)

@@ -44,8 +44,6 @@ def consistency_problems(config: Config) -> list[str]:
         problems.append("proxy.max_total_tokens is below one model call's completion cap")
     if config.learner.optimizer.schedule != "constant" and config.learner.optimizer.total_steps < config.total_steps:
         problems.append("the learning-rate schedule decays to its end before total_steps")
-    if config.engine.kind == "vllm" and config.model.path is None:
-        problems.append("engine.kind vllm needs model.path (vLLM cannot build the demo model)")
     if config.fleet.servers:
         step_trials = config.rl.group_size * config.rl.groups_per_step
         fleet_slots = len(config.fleet.servers) * config.fleet.capacity_per_server

@@ -493,9 +493,9 @@ def _describe(error: ErrorDetails) -> str:
     return f"{error['msg']} (got {got!r})"
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Reads YAML (default: configs/demo.yaml), applies `--set` overrides, validates."""
-    source = Path(path) if path is not None else DEFAULT_CONFIG
+def _read_yaml(source: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """A config file's mapping; with a top-level `base: FILE` (relative to this file), that
+    file's mapping with this one's laid over it (mappings merge key by key, anything else replaces)."""
     if not source.is_file():
         raise ConfigError(f"{source}: config file not found")
     try:
@@ -504,6 +504,30 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{source}: base must be the name of a config file, got {base!r}")
+    parent = (source.parent / base).resolve()
+    if parent in chain or parent == source.resolve():
+        raise ConfigError(f"{source}: base {base} leads back to itself")
+    return _laid_over(_read_yaml(parent, (*chain, source.resolve())), data)
+
+
+def _laid_over(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        below = merged.get(key)
+        merged[key] = _laid_over(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return merged
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Reads YAML (default: configs/demo.yaml; `base: FILE` in it starts from another
+    file), applies `--set` overrides, validates."""
+    source = Path(path) if path is not None else DEFAULT_CONFIG
+    data = _read_yaml(source, ())
 
     origin_of: dict[str, str] = {}
     for text in overrides:

@@ -114,9 +114,10 @@ class ManagedEngine:
             return True
 
     def restart(self, reason: str) -> None:
+        """A planned restart: the engine is alive but not on the weights it should serve."""
         log.error("restarting the engine: %s", reason)
         if self.supervisor is not None:
-            self.supervisor.kill()
+            self.supervisor.kill(planned=True)
 
     # ---------------------------------------------------------------------------
     def _client_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:

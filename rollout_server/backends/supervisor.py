@@ -77,6 +77,7 @@ class ProcessSupervisor:
         self._tail: deque[str] = deque(maxlen=40)
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._planned = False
 
     @property
     def pid(self) -> int | None:
@@ -106,10 +107,13 @@ class ProcessSupervisor:
             self._watcher.join(timeout)
         self.state = "stopped"
 
-    def kill(self) -> None:
-        """Kills the engine's process group now; the watcher restarts it like after a crash."""
+    def kill(self, planned: bool = False) -> None:
+        """Kills the engine's process group now; the watcher restarts it like after a crash.
+        A `planned` restart (new weights by a restart, where a reload failed) spends none
+        of the crash budget."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
+            self._planned = planned
             self._signal_group(proc, signal.SIGKILL)
 
     def output_tail(self) -> str:
@@ -176,13 +180,17 @@ class ProcessSupervisor:
             code = proc.wait()
             if self._stopping.is_set():
                 return
-            if self.restarts >= self.max_restarts:
+            planned, self._planned = self._planned, False
+            if not planned and self.restarts >= self.max_restarts:
                 log.error("engine exited with %s; restart budget (%d) spent", code, self.max_restarts)
                 self.state = "failed"
                 return
-            self.restarts += 1
             self.state = "restarting"
-            log.warning("engine exited with %s; restart %d/%d", code, self.restarts, self.max_restarts)
+            if planned:
+                log.warning("engine killed for a planned restart")
+            else:
+                self.restarts += 1
+                log.warning("engine exited with %s; restart %d/%d", code, self.restarts, self.max_restarts)
             try:
                 if self.replan is not None:
                     self.plan = self.replan()

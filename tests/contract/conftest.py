@@ -45,20 +45,21 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
 
 
 @pytest.fixture(scope="session", params=["embedded", pytest.param("vllm", marks=pytest.mark.vllm), "vllm-standin"])
-def engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, EngineWatch | None, bool]]:
-    """(URL, launcher watch, whether prompt logprobs are fixed at temperature 1) of the engine under test."""
+def engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, EngineWatch | None, bool, bool]]:
+    """(URL, launcher watch, whether prompt logprobs are fixed at temperature 1, whether it computes
+    with the checkpoint's weights) of the engine under test."""
     url = _option(request.config, "--engine-url")
     if url:
         if request.param != "embedded":
             pytest.skip("--engine-url given: the suite runs once, against it")
-        yield url.rstrip("/"), None, False
+        yield url.rstrip("/"), None, False, True
         return
     base, _ = request.getfixturevalue("tiny_checkpoints")
     if request.param == "embedded":
         from legorl_jax.serve.server import EmbeddedEngine
 
         with EmbeddedEngine.start(base, max_slots=8, max_len=128, max_chunk=32) as running:
-            yield running.url, None, False
+            yield running.url, None, False, True
         return
     from rollout_server.backends.launch import start_engine
     from rollout_server.backends.vllm import VllmOptions
@@ -72,13 +73,20 @@ def engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, EngineWatch | 
     )
     launched = start_engine(config, base, options)
     try:
-        yield launched.url, launched, True
+        yield launched.url, launched, True, request.param == "vllm"
     finally:
         launched.stop()
 
 
 @pytest.fixture(scope="session")
-def engine_url(engine: tuple[str, EngineWatch | None, bool]) -> str:
+def real_model(engine: tuple[str, EngineWatch | None, bool, bool]) -> bool:
+    """Whether the engine computes with the checkpoint's weights (every engine but the
+    stand-in, whose "model" is a function of the weights' digest)."""
+    return engine[3]
+
+
+@pytest.fixture(scope="session")
+def engine_url(engine: tuple[str, EngineWatch | None, bool, bool]) -> str:
     return engine[0]
 
 
@@ -93,8 +101,8 @@ def reload_path(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def client(engine: tuple[str, EngineWatch | None, bool]) -> Iterator[SyncEngineClient]:
-    url, watch, unit_temperature = engine
+def client(engine: tuple[str, EngineWatch | None, bool, bool]) -> Iterator[SyncEngineClient]:
+    url, watch, unit_temperature, _ = engine
     sync = SyncEngineClient(url, timeout=300, watch=watch, unit_temperature_prompt_logprobs=unit_temperature)
     yield sync
     sync.close()

@@ -151,7 +151,21 @@ def test_many_concurrent_requests_all_finish(client: SyncEngineClient, prompt: l
     assert asyncio.run(run_all()) == [2 + i % 5 for i in range(24)]
 
 
-def test_weight_reload_sequence(client: SyncEngineClient, prompt: list[int], reload_path: str, engine_url: str) -> None:
+def _reference_logprobs(model_dir: str, ids: list[int]) -> list[float]:
+    """log p(ids[1:]) under the checkpoint at `model_dir`, by transformers in float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].double()
+    picked = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])
+    return [float(x) for x in picked[:, 0]]
+
+
+def test_weight_reload_sequence(
+    client: SyncEngineClient, prompt: list[int], reload_path: str, engine_url: str, real_model: bool
+) -> None:
     before = client.complete(prompt, max_tokens=4, seed=2, ignore_eos=True)[0]
 
     async def update() -> dict[str, Any]:
@@ -165,6 +179,10 @@ def test_weight_reload_sequence(client: SyncEngineClient, prompt: list[int], rel
     # The first token sampled before the reload, rescored after it (T = 1, where
     # prompt and sampled logprobs agree), has a different logprob: new weights.
     assert abs(rescored.prompt_logprobs[-1] - before.logprobs[0]) > 1e-3
+    if real_model:
+        # And they are the reloaded checkpoint's: transformers computes the same logprobs from its files.
+        reference = _reference_logprobs(reload_path, prompt + before.token_ids[:1])
+        assert rescored.prompt_logprobs[1:] == pytest.approx(reference, abs=2e-3)
     entry = result["results"][0]
     if isinstance(entry, dict) and "weight_version" in entry:  # the embedded engine reports versions
         assert entry["weight_version"] >= 1

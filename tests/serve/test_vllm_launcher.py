@@ -183,7 +183,7 @@ def test_a_crash_restart_serves_the_weights_last_installed(
     try:
         client = engine.sync_client(timeout=120)
         assert len(client.complete([5, 6, 7], max_tokens=2, ignore_eos=True)[0].token_ids) == 2
-        client.update_weights(str(other_weights_dir))
+        client.update_weights(str(other_weights_dir), version="7")
         updated = httpx.get(f"{engine.url}/standin/state").json()
         assert updated["weights_path"] == str(other_weights_dir) == engine.installed()
         greedy = client.complete([5, 6, 7], max_tokens=4, temperature=0)[0].token_ids
@@ -200,6 +200,13 @@ def test_a_crash_restart_serves_the_weights_last_installed(
         assert restarted["params"] == updated["params"] and restarted["weights_path"] == str(other_weights_dir)
         assert client.complete([5, 6, 7], max_tokens=4, temperature=0)[0].token_ids == greedy
         assert client.model() == str(tiny_model_dir)  # the same served name
+        # Its tokens carry the label of the weights, as before the crash.
+        assert restarted["weight_version"] == updated["weight_version"] == "7"
+
+        # A planned restart (a reload that failed its probe) spends none of the crash budget.
+        engine.restart("a test's planned restart")
+        _wait_for(lambda: engine.epoch() == 2 and supervisor.state == "healthy", 180)
+        assert supervisor.restarts == 1 and httpx.get(f"{engine.url}/standin/state").json()["weight_version"] == "7"
     finally:
         engine.stop()
     assert engine.supervisor is not None and engine.supervisor.state == "stopped"

@@ -422,6 +422,7 @@ def build_app(engine: Engine) -> Starlette:
             {
                 "params": live,
                 "weights_path": engine.runner.model_path,
+                "weight_version": engine.weight_version,
                 "seed": args.seed,
                 "options": {
                     name: getattr(args, name)
