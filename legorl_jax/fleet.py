@@ -276,13 +276,13 @@ LocalServer = Callable[[Path], contextlib.AbstractAsyncContextManager[str]]
 
 
 @contextlib.asynccontextmanager
-async def configured_fleet(config: FleetConfig, local_server: LocalServer, first_weights: Path) -> AsyncIterator[Fleet]:
+async def configured_fleet(config: FleetConfig, local_server: LocalServer, model_dir: Path) -> AsyncIterator[Fleet]:
     """The configured servers, or, when the config lists none, one started in
-    this process on `first_weights` (stopped on exit)."""
+    this process on `model_dir` (stopped on exit)."""
     async with contextlib.AsyncExitStack() as stack:
         addresses = list(config.servers)
         if not addresses:
-            addresses = [await stack.enter_async_context(local_server(first_weights))]
+            addresses = [await stack.enter_async_context(local_server(model_dir))]
         async with Fleet(
             addresses, max_retries=config.max_retries, rpc_timeout_s=config.rpc_timeout_s, security=config.security
         ) as fleet:

@@ -158,9 +158,11 @@ class Trainer:
         )
         return Learner(model, cfg.rl, cfg.learner, mesh)
 
-    def fleet_session(self, first_weights: Path) -> contextlib.AbstractAsyncContextManager[Fleet]:
-        """The configured fleet, or one rollout server in this process."""
-        return configured_fleet(self.config.fleet, self.inputs.local_server, first_weights)
+    def fleet_session(self, model_dir: Path) -> contextlib.AbstractAsyncContextManager[Fleet]:
+        """The configured fleet, or one rollout server in this process serving the run's
+        model directory (the published versions come and go: keep-N prunes them, and an
+        engine restarted after that needs its tokenizer and served name still there)."""
+        return configured_fleet(self.config.fleet, self.inputs.local_server, model_dir)
 
     # ------------------------------------------------------------- rollouts --
 
@@ -279,7 +281,7 @@ class Trainer:
         self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=kept, tokens=cfg.logging.rollout_tokens)
         progress = _progress(cfg.total_steps, self.step, self.progress)
         try:
-            async with self.fleet_session(Path(location.removeprefix("file://"))) as fleet:
+            async with self.fleet_session(model_dir) as fleet:
                 subscribers = self._subscribers(fleet)
                 await subscribers.update_weights(self.version, location)
                 run = _Run(

@@ -194,6 +194,10 @@ class EngineWatch(Protocol):
         """Kills the engine; it comes back on `installed()`, under its label."""
         ...
 
+    def gave_up(self) -> bool:
+        """Whether the launcher stopped restarting the engine (its crash budget is spent)."""
+        ...
+
 
 RESET_RUNNING = {"reset_running_requests": "true"}  # preempt paused requests: they recompute under the new weights
 
@@ -259,6 +263,8 @@ class EngineClient:
         """Until the launcher has restarted the engine since `epoch` and it answers /health."""
         deadline = time.monotonic() + timeout
         while self.watch is None or self.watch.epoch() == epoch or not await self.healthy():
+            if self.watch is not None and self.watch.gave_up():
+                raise EngineError(0, "the engine's launcher gave up restarting it", "EngineFailed")
             if time.monotonic() > deadline:
                 raise EngineError(0, f"the engine did not come back within {timeout:g} s of its restart", "Timeout")
             await asyncio.sleep(0.5)

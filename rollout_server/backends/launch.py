@@ -113,6 +113,9 @@ class ManagedEngine:
             self._label = label
             return True
 
+    def gave_up(self) -> bool:
+        return self.supervisor is not None and self.supervisor.state == "failed"
+
     def restart(self, reason: str) -> None:
         """A planned restart: the engine is alive but not on the weights it should serve."""
         log.error("restarting the engine: %s", reason)
