@@ -214,10 +214,14 @@ class EngineClient:
         timeout: float = 600.0,
         watch: EngineWatch | None = None,
         unit_temperature_prompt_logprobs: bool = False,
+        reload_method: str = "reload_weights",
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.watch = watch
         self.unit_temperature_prompt_logprobs = unit_temperature_prompt_logprobs
+        # The worker method /collective_rpc reloads with: vLLM's own, or the launcher's
+        # extension of it (`rollout_server.backends.vllm.RELOAD_METHOD`) on a vLLM it launched.
+        self.reload_method = reload_method
         self._model = model
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=_LIMITS)
 
@@ -330,9 +334,9 @@ class EngineClient:
         return None if success is None else bool(success)
 
     async def reload_weights(self, weights_path: str) -> dict[str, Any]:
-        """The worker's own reload_weights, which runs vLLM's post-load processing."""
+        """The worker's reload (`reload_method`), which runs vLLM's post-load processing."""
         return await self._post(
-            "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights_path}}
+            "/collective_rpc", {"method": self.reload_method, "kwargs": {"weights_path": weights_path}}
         )
 
     async def label_weights(self, version: str) -> bool:

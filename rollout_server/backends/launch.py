@@ -19,7 +19,14 @@ from rollout_server.backends.client import EngineClient, SyncEngineClient
 from rollout_server.backends.embedded import embedded_plan
 from rollout_server.backends.served_probe import ProbeFailed, failure, probe_engine
 from rollout_server.backends.supervisor import LaunchPlan, ProcessSupervisor
-from rollout_server.backends.vllm import VllmOptions, check_vllm_version, free_port, vllm_plan, with_cpu_defaults
+from rollout_server.backends.vllm import (
+    RELOAD_METHOD,
+    VllmOptions,
+    check_vllm_version,
+    free_port,
+    vllm_plan,
+    with_cpu_defaults,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +45,10 @@ class ManagedEngine:
         unit_temperature_prompt_logprobs: bool,
         installed: str | None = None,
         dtype: str | None = None,
+        reload_method: str = "reload_weights",
     ) -> None:
         self.url = url.rstrip("/")
+        self.reload_method = reload_method
         self.supervisor: ProcessSupervisor | None = None
         self.unit_temperature_prompt_logprobs = unit_temperature_prompt_logprobs
         self.dtype = dtype  # the engine's compute dtype, None where it chooses (the probe's tolerance)
@@ -56,6 +65,7 @@ class ManagedEngine:
         *,
         unit_temperature_prompt_logprobs: bool,
         dtype: str | None = None,
+        reload_method: str = "reload_weights",
         **supervisor_kwargs: Any,
     ) -> ManagedEngine:
         plan = planner(None)
@@ -64,6 +74,7 @@ class ManagedEngine:
             unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs,
             installed=str(model_dir),
             dtype=dtype,
+            reload_method=reload_method,
         )
         engine.supervisor = ProcessSupervisor(
             plan, replan=lambda: engine._replan(planner), after_restart=engine._after_restart, **supervisor_kwargs
@@ -125,7 +136,12 @@ class ManagedEngine:
     # ---------------------------------------------------------------------------
     def _client_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         watch = self if self.supervisor is not None else None
-        return {"watch": watch, "unit_temperature_prompt_logprobs": self.unit_temperature_prompt_logprobs, **kwargs}
+        return {
+            "watch": watch,
+            "unit_temperature_prompt_logprobs": self.unit_temperature_prompt_logprobs,
+            "reload_method": self.reload_method,
+            **kwargs,
+        }
 
     def client(self, **kwargs: Any) -> EngineClient:
         return EngineClient(self.url, **self._client_kwargs(kwargs))
@@ -170,5 +186,6 @@ def start_engine(
         model_dir,
         unit_temperature_prompt_logprobs=engine.kind == "vllm",
         dtype=engine.dtype or ("float32" if engine.kind == "embedded" else None),
+        reload_method=RELOAD_METHOD if engine.kind == "vllm" else "reload_weights",
         **supervisor_kwargs,
     )

@@ -25,7 +25,9 @@ Flags and why:
 - `VLLM_SERVER_DEV_MODE=1`: serves /pause, /resume, /collective_rpc and
   /reset_prefix_cache, the weight-update calls. Weights reload through the
   worker's own `reload_weights(weights_path=…)`, which runs vLLM's post-load
-  processing (every version in the range has it).
+  processing (every version in the range has it), wrapped by
+  `--worker-extension-cls` (`vllm_ext/legorl_vllm_ext.py`) so that a tied LM
+  head follows its new embedding (vLLM's own reload leaves it on the old one).
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ from packaging.version import InvalidVersion, Version
 
 from legorl_jax.core.config import EngineConfig, cache_root
 from rollout_server.backends.supervisor import LaunchPlan
+
+# The worker methods the launcher adds (vllm_ext/legorl_vllm_ext.py: the reload that keeps tied
+# embeddings tied), importable by vLLM's workers from EXTENSION_DIR on their PYTHONPATH.
+EXTENSION_DIR = Path(__file__).parent / "vllm_ext"
+WORKER_EXTENSION = "legorl_vllm_ext.LegorlWorkerExtension"
+RELOAD_METHOD = "legorl_reload_weights"
 
 # Kept equal to the `vllm` extra in pyproject.toml (a test compares them).
 # Below 0.17: no /pause (0.11), keep mode aborting requests (0.14-0.15), or a
@@ -174,5 +182,7 @@ def vllm_plan(
         twice = [a for a in engine.extra_args if a.split("=")[0] in (f"--{base}", f"--no-{base}")]
         if twice:
             raise ValueError(f"engine.extra_args sets {twice[0]}, which the engine section already sets ({flag})")
-    command += options_flags + engine.extra_args
-    return LaunchPlan(command=command, env={"VLLM_SERVER_DEV_MODE": "1"}, url=f"http://{engine.host}:{port}")
+    command += ["--worker-extension-cls", WORKER_EXTENSION] + options_flags + engine.extra_args
+    pythonpath = os.pathsep.join(p for p in (str(EXTENSION_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": pythonpath}
+    return LaunchPlan(command=command, env=env, url=f"http://{engine.host}:{port}")

@@ -23,6 +23,7 @@ from rollout_server.backends.launch import ManagedEngine, start_engine
 from rollout_server.backends.supervisor import EngineStartError
 from rollout_server.backends.vllm import (
     CPU_KV_CACHE_BYTES,
+    EXTENSION_DIR,
     SUPPORTED_VLLM,
     VllmOptions,
     VllmVersionError,
@@ -44,7 +45,10 @@ def test_vllm_command_carries_the_flags_rl_needs(vllm_standin: str) -> None:
     plan = vllm_plan(config, "/models/qwen3", VllmOptions(executable=vllm_standin, served_model_name="policy"))
     assert plan.command[:3] == [vllm_standin, "serve", "/models/qwen3"]
     flags = _pairs(plan.command)
-    assert flags["--logprobs-mode"] == "processed_logprobs" and "--worker-extension-cls" not in flags
+    assert flags["--logprobs-mode"] == "processed_logprobs"
+    # The reload that keeps tied embeddings tied, importable by vLLM's workers.
+    assert flags["--worker-extension-cls"] == "legorl_vllm_ext.LegorlWorkerExtension"
+    assert plan.env["PYTHONPATH"].split(os.pathsep)[0] == str(EXTENSION_DIR)
     assert flags["--max-num-seqs"] == "48" and flags["--max-model-len"] == "8192" and flags["--port"] == "8123"
     assert flags["--served-model-name"] == "policy" and flags["--generation-config"] == "vllm"
     assert "--return-tokens-as-token-ids" in plan.command and plan.command[-1] == "--enforce-eager"
