@@ -26,6 +26,7 @@ import pytest
 
 from legorl_jax.core.config import EngineConfig
 from rollout_server.backends.client import EngineWatch, SyncEngineClient
+from rollout_server.backends.launch import ManagedEngine
 
 
 def _option(config: pytest.Config, name: str, default: str | None = None) -> str | None:
@@ -103,6 +104,9 @@ def reload_path(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def client(engine: tuple[str, EngineWatch | None, bool, bool]) -> Iterator[SyncEngineClient]:
     url, watch, unit_temperature, _ = engine
-    sync = SyncEngineClient(url, timeout=300, watch=watch, unit_temperature_prompt_logprobs=unit_temperature)
+    if isinstance(watch, ManagedEngine):  # launched here: its clients reload as its launcher says
+        sync = watch.sync_client(timeout=300)
+    else:
+        sync = SyncEngineClient(url, timeout=300, watch=watch, unit_temperature_prompt_logprobs=unit_temperature)
     yield sync
     sync.close()

@@ -169,7 +169,8 @@ def test_weight_reload_sequence(
     before = client.complete(prompt, max_tokens=4, seed=2, ignore_eos=True)[0]
 
     async def update() -> dict[str, Any]:
-        async with EngineClient(engine_url, timeout=300, watch=client.watch) as aclient:
+        reload_method = client.async_client.reload_method
+        async with EngineClient(engine_url, timeout=300, watch=client.watch, reload_method=reload_method) as aclient:
             return await aclient.update_weights(reload_path)
 
     result = asyncio.run(update())
