@@ -194,6 +194,7 @@ class RolloutServer:
             max_context=context,
             config=cfg.proxy,
             unit_temperature_prompt_logprobs=self.engine.unit_temperature_prompt_logprobs,
+            token_route=self.engine.token_route,
         )
         self._clients.append(core.engine)
         app = build_app(core, keepalive_s=cfg.proxy.keepalive_s)

@@ -145,6 +145,71 @@ def parse_choice(choice: dict[str, Any]) -> TokenCompletion:
     )
 
 
+# The token-in/token-out route of vLLM 0.32 (entrypoints/scale_out/token_in_token_out/):
+# where its /v1/completions gives no per-token weight versions, this route does.
+GENERATE_PATH = "/inference/v1/generate"
+TokenRoute = Literal["completions", "generate"]
+# Completions-only fields completion_body's callers pass; the generate route has no place for them.
+_COMPLETIONS_ONLY = {"return_tokens_as_token_ids", "return_weight_versions", "return_token_ids", "logprobs"}
+
+
+def generate_body(
+    prompt: list[int],
+    model: str,
+    *,
+    max_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    seed: int | None = None,
+    stop_token_ids: list[int] | None = None,
+    prompt_logprobs: int | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The generate route's request for what `completion_body` asks of /v1/completions
+    (token ids in; `extra` sampling fields such as ignore_eos go into its sampling_params)."""
+    sampling: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "logprobs": 0,
+        **{k: v for k, v in extra.items() if k not in _COMPLETIONS_ONLY},
+    }
+    optional = {"seed": seed, "stop_token_ids": stop_token_ids, "prompt_logprobs": prompt_logprobs}
+    sampling.update({k: v for k, v in optional.items() if v is not None})
+    return {"model": model, "token_ids": prompt, "sampling_params": sampling, "output_mode": "tokens"}
+
+
+def parse_generate(response: dict[str, Any]) -> list[TokenCompletion]:
+    """The generate route's answer as completions: logprobs under `logprobs.content`,
+    prompt logprobs (keyed by token id) beside the choices."""
+    prompt_ids = response.get("prompt_token_ids")
+    entries = response.get("prompt_logprobs")
+    prompt_logprobs = None
+    if entries is not None:
+        prompt_logprobs = _prompt_logprobs({"prompt_logprobs": entries, "prompt_token_ids": prompt_ids})
+    out = []
+    for choice in response["choices"]:
+        token_ids = [int(t) for t in choice.get("token_ids") or []]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        if [int(c["token_id"]) for c in content] != token_ids:
+            raise EngineError(200, "generate: logprobs do not pair with token_ids", "ProtocolError")
+        out.append(
+            TokenCompletion(
+                token_ids=token_ids,
+                logprobs=[float(c["logprob"]) for c in content],
+                text="",
+                finish_reason=choice.get("finish_reason"),
+                stop_reason=choice.get("stop_reason"),
+                prompt_token_ids=prompt_ids,
+                prompt_logprobs=prompt_logprobs,
+                weight_versions=_weight_versions(choice, len(token_ids)),
+            )
+        )
+    return out
+
+
 def raise_for_error(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
@@ -215,8 +280,10 @@ class EngineClient:
         watch: EngineWatch | None = None,
         unit_temperature_prompt_logprobs: bool = False,
         reload_method: str = "reload_weights",
+        token_route: TokenRoute = "completions",
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.token_route = token_route  # where token-id prompts go: /v1/completions, or the generate route
         self.watch = watch
         self.unit_temperature_prompt_logprobs = unit_temperature_prompt_logprobs
         # The worker method /collective_rpc reloads with: vLLM's own, or the launcher's
@@ -292,6 +359,10 @@ class EngineClient:
 
     async def complete(self, prompt: list[int] | str, **sampling: Any) -> list[TokenCompletion]:
         check_prompt_logprobs(sampling, self.unit_temperature_prompt_logprobs)
+        if self.token_route == "generate" and isinstance(prompt, list):
+            return parse_generate(
+                await self._post(GENERATE_PATH, generate_body(prompt, await self.model(), **sampling))
+            )
         body = completion_body(prompt, await self.model(), **sampling)
         return [parse_choice(c) for c in (await self._post("/v1/completions", body))["choices"]]
 

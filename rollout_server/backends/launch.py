@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from legorl_jax.core.config import EngineConfig
-from rollout_server.backends.client import EngineClient, SyncEngineClient
+from rollout_server.backends.client import EngineClient, SyncEngineClient, TokenRoute
 from rollout_server.backends.embedded import embedded_plan
 from rollout_server.backends.served_probe import ProbeFailed, failure, probe_engine
 from rollout_server.backends.supervisor import LaunchPlan, ProcessSupervisor
@@ -24,6 +24,7 @@ from rollout_server.backends.vllm import (
     VllmOptions,
     check_vllm_version,
     free_port,
+    token_route,
     vllm_plan,
     with_cpu_defaults,
 )
@@ -46,9 +47,11 @@ class ManagedEngine:
         installed: str | None = None,
         dtype: str | None = None,
         reload_method: str = "reload_weights",
+        token_route: TokenRoute = "completions",
     ) -> None:
         self.url = url.rstrip("/")
         self.reload_method = reload_method
+        self.token_route = token_route
         self.supervisor: ProcessSupervisor | None = None
         self.unit_temperature_prompt_logprobs = unit_temperature_prompt_logprobs
         self.dtype = dtype  # the engine's compute dtype, None where it chooses (the probe's tolerance)
@@ -66,6 +69,7 @@ class ManagedEngine:
         unit_temperature_prompt_logprobs: bool,
         dtype: str | None = None,
         reload_method: str = "reload_weights",
+        token_route: TokenRoute = "completions",
         **supervisor_kwargs: Any,
     ) -> ManagedEngine:
         plan = planner(None)
@@ -75,6 +79,7 @@ class ManagedEngine:
             installed=str(model_dir),
             dtype=dtype,
             reload_method=reload_method,
+            token_route=token_route,
         )
         engine.supervisor = ProcessSupervisor(
             plan, replan=lambda: engine._replan(planner), after_restart=engine._after_restart, **supervisor_kwargs
@@ -140,6 +145,7 @@ class ManagedEngine:
             "watch": watch,
             "unit_temperature_prompt_logprobs": self.unit_temperature_prompt_logprobs,
             "reload_method": self.reload_method,
+            "token_route": self.token_route,
             **kwargs,
         }
 
@@ -171,11 +177,14 @@ def start_engine(
         raise ValueError(f"engine.kind={engine.kind} needs a model directory to serve")
     # One port for the engine's whole life: restarts must come back where clients look.
     fixed = engine.model_copy(update={"port": engine.port or free_port(engine.host)})
+    route: TokenRoute = "completions"
     if engine.kind == "vllm":
-        fixed = with_cpu_defaults(fixed, check_vllm_version(vllm.executable))
+        version = check_vllm_version(vllm.executable)
+        fixed = with_cpu_defaults(fixed, version)
+        route = token_route(version)
 
         def planner(weights: str | None) -> LaunchPlan:
-            return vllm_plan(fixed, model_dir, vllm, weights_dir=weights)
+            return vllm_plan(fixed, model_dir, vllm, weights_dir=weights, route=route)
     else:
 
         def planner(weights: str | None) -> LaunchPlan:
@@ -187,5 +196,6 @@ def start_engine(
         unit_temperature_prompt_logprobs=engine.kind == "vllm",
         dtype=engine.dtype or ("float32" if engine.kind == "embedded" else None),
         reload_method=RELOAD_METHOD if engine.kind == "vllm" else "reload_weights",
+        token_route=route,
         **supervisor_kwargs,
     )

@@ -44,6 +44,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from legorl_jax.core.config import EngineConfig, cache_root
+from rollout_server.backends.client import TokenRoute
 from rollout_server.backends.supervisor import LaunchPlan
 
 # The worker methods the launcher adds (vllm_ext/legorl_vllm_ext.py: the reload that keeps tied
@@ -137,6 +138,13 @@ def with_cpu_defaults(engine: EngineConfig, version: Version) -> EngineConfig:
     return engine
 
 
+def token_route(version: Version) -> TokenRoute:
+    """Where token-id calls go on this vLLM: 0.32's /v1/completions returns no
+    per-token weight versions even when asked, its generate route does; from 0.33
+    /v1/completions does (before 0.32 neither: completions, without versions)."""
+    return "generate" if Version("0.32") <= Version(version.base_version) < Version("0.33") else "completions"
+
+
 def engine_flags(engine: EngineConfig) -> list[str]:
     """vLLM's flags for the engine section's launch options: the prefix-cache
     switch always; dtype, KV dtype and pool size when set (else vLLM chooses)."""
@@ -155,9 +163,11 @@ def vllm_plan(
     model_dir: str | Path,
     options: VllmOptions | None = None,
     weights_dir: str | Path | None = None,
+    route: TokenRoute = "completions",
 ) -> LaunchPlan:
     """The command serving `weights_dir` (default: `model_dir`) under the name and
-    tokenizer of `model_dir`; each call draws a new seed unless one is configured."""
+    tokenizer of `model_dir`; each call draws a new seed unless one is configured.
+    The generate `route` is served only with --enable-scale-out."""
     options = options or VllmOptions()
     if shutil.which(options.executable) is None:
         raise FileNotFoundError(_missing(options.executable))
@@ -183,6 +193,8 @@ def vllm_plan(
         if twice:
             raise ValueError(f"engine.extra_args sets {twice[0]}, which the engine section already sets ({flag})")
     command += ["--worker-extension-cls", WORKER_EXTENSION] + options_flags + engine.extra_args
+    if route == "generate":
+        command.append("--enable-scale-out")
     pythonpath = os.pathsep.join(p for p in (str(EXTENSION_DIR), os.environ.get("PYTHONPATH", "")) if p)
     env = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": pythonpath}
     return LaunchPlan(command=command, env=env, url=f"http://{engine.host}:{port}")

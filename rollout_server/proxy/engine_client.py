@@ -1,7 +1,9 @@
 """Tokens in, tokens out: the one engine call the proxy makes.
 
 `POST {engine}/v1/completions` with the prompt as token ids, served alike by
-vLLM and the embedded JAX engine. Request bodies and response parsing are the
+vLLM and the embedded JAX engine; or, with `token_route="generate"`, vLLM 0.32's
+token-in/token-out route, the one of that version that reports per-token
+weight versions. Request bodies and response parsing are the
 rollout backends' (`rollout_server.backends.client`: ids from `token_ids`, or
 from "token_id:<n>" logprob tokens, paired with logprobs by position); this
 adapter applies the session's sampling and turns every engine failure into
@@ -27,10 +29,14 @@ from typing import Any
 import httpx
 
 from rollout_server.backends.client import (
+    GENERATE_PATH,
     EngineError,
+    TokenRoute,
     check_prompt_logprobs,
     completion_body,
+    generate_body,
     parse_choice,
+    parse_generate,
     raise_for_error,
 )
 from rollout_server.proxy import jsonio
@@ -91,9 +97,16 @@ class ProxyEngineClient:
     logprobs at temperature 1 whatever the request says (vLLM)."""
 
     def __init__(
-        self, base_url: str, model: str, *, timeout_s: float = 3600.0, unit_temperature_prompt_logprobs: bool = False
+        self,
+        base_url: str,
+        model: str,
+        *,
+        timeout_s: float = 3600.0,
+        unit_temperature_prompt_logprobs: bool = False,
+        token_route: TokenRoute = "completions",
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.token_route = token_route
         self.model = model
         self.timeout_s = timeout_s
         self.unit_temperature_prompt_logprobs = unit_temperature_prompt_logprobs
@@ -110,11 +123,11 @@ class ProxyEngineClient:
         except EngineError as exc:
             raise invalid(f"recompute_logprobs at sampling.temperature {temperature}: {exc.message}") from None
 
-    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            status, raw = await self._transport.post("/v1/completions", jsonio.dumps(body), self.timeout_s)
+            status, raw = await self._transport.post(path, jsonio.dumps(body), self.timeout_s)
         except (EngineConnectionError, TimeoutError) as exc:
-            raise EngineError(0, f"POST /v1/completions: {exc!r}", "ConnectionError") from exc
+            raise EngineError(0, f"POST {path}: {exc!r}", "ConnectionError") from exc
         if status >= 400:  # the backends' reading of an error body (vLLM's shapes), unchanged
             raise_for_error(httpx.Response(status, content=raw))
         return dict(jsonio.loads(raw))
@@ -122,16 +135,20 @@ class ProxyEngineClient:
     async def complete(self, prompt_ids: list[int], sampling: CompletionParams) -> EngineCompletion:
         if sampling.prompt_logprobs:
             self.check_recompute(sampling.temperature)
-        body = completion_body(
-            prompt_ids,
-            self.model,
-            **sampling.as_kwargs(),
-            # Ids also as logprob tokens, for engines without return_token_ids.
-            return_tokens_as_token_ids=True,
-            return_weight_versions=True,
-        )
         try:
-            choices = [parse_choice(c) for c in (await self._post(body))["choices"]]
+            if self.token_route == "generate":
+                body = generate_body(prompt_ids, self.model, **sampling.as_kwargs())
+                choices = parse_generate(await self._post(GENERATE_PATH, body))
+            else:
+                body = completion_body(
+                    prompt_ids,
+                    self.model,
+                    **sampling.as_kwargs(),
+                    # Ids also as logprob tokens, for engines without return_token_ids.
+                    return_tokens_as_token_ids=True,
+                    return_weight_versions=True,
+                )
+                choices = [parse_choice(c) for c in (await self._post("/v1/completions", body))["choices"]]
         except EngineError as exc:
             raise ProxyError("engine_unavailable", f"inference engine failed: {exc}") from exc
         except (TypeError, ValueError, KeyError) as exc:  # a body that breaks the completions contract

@@ -14,6 +14,7 @@ from typing import get_args
 
 from legorl_jax.core.config import ProxyConfig
 from legorl_jax.core.seeds import derive_seed
+from rollout_server.backends.client import TokenRoute
 from rollout_server.proxy.completion_parser import ToolCallFormat, parse_completion
 from rollout_server.proxy.conversation import ChatRequest, ToolSpec
 from rollout_server.proxy.engine_client import CompletionParams, ProxyEngineClient
@@ -269,16 +270,21 @@ def build_core(
     config: ProxyConfig | None = None,
     template: ChatTemplate | None = None,
     unit_temperature_prompt_logprobs: bool = True,
+    token_route: TokenRoute = "completions",
 ) -> ProxyCore:
     """A proxy core for the model in `model_dir` (its tokenizer and chat
     template, unless `template` is given, loaded already) in front of the
     engine at `engine_url`, with the config's caps as every session's default.
     An engine is taken for vLLM (prompt logprobs at temperature 1) unless
-    `unit_temperature_prompt_logprobs` says otherwise."""
+    `unit_temperature_prompt_logprobs` says otherwise; `token_route` is where its
+    token-id calls go (`rollout_server.backends.client.TokenRoute`)."""
     cfg = config or ProxyConfig()
     store = SessionStore(cfg.session_caps(), max_sessions=cfg.max_sessions)
     engine = ProxyEngineClient(
-        engine_url, served_model, unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs
+        engine_url,
+        served_model,
+        unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs,
+        token_route=token_route,
     )
     return ProxyCore(
         template or load_template(model_dir, cfg),
