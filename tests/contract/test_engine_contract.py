@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -199,3 +200,50 @@ def test_tokens_carry_the_weights_label(client: SyncEngineClient, prompt: list[i
     assert labelled.json()["success"] is True
     choice = client.complete(prompt, max_tokens=4, ignore_eos=True, return_weight_versions=True)[0]
     assert choice.weight_versions == [("12", 0, 4)]
+
+
+def test_chat_rendering_is_the_proxys(engine_url: str, client: SyncEngineClient) -> None:
+    """An engine that renders chat requests (vLLM's /v1/chat/completions/render, served
+    with --enable-scale-out) gives the prompt ids the proxy renders from the served
+    model's chat template: tools, a tool call and its result, thinking on."""
+    from transformers import AutoTokenizer
+
+    from rollout_server.proxy.conversation import ChatRequest, Message, ToolCall, ToolSpec
+    from rollout_server.proxy.render import ChatTemplate
+
+    params = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls -la"}'}}
+    body = {
+        "model": client.model(),
+        "messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "List the files."},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "a.txt\nb.py"},
+            {"role": "user", "content": "Now fix b.py."},
+        ],
+        "tools": [
+            {"type": "function", "function": {"name": "bash", "description": "Run a command", "parameters": params}}
+        ],
+        # "none": rendering only; "auto" would ask for a tool-call parser the launch does not name.
+        "tool_choice": "none",
+        "chat_template_kwargs": {"enable_thinking": True},
+    }
+    reply = httpx.post(f"{engine_url}/v1/chat/completions/render", json=body, timeout=120)
+    if reply.status_code == 404:
+        pytest.skip("this engine renders no chat requests")
+    if not Path(client.model()).is_dir():
+        pytest.skip("the served name is not a model directory here: no chat template to compare with")
+    template = ChatTemplate(AutoTokenizer.from_pretrained(client.model()))
+    request = ChatRequest(
+        [
+            Message("system", "You are a coding agent."),
+            Message("user", "List the files."),
+            Message("assistant", tool_calls=[ToolCall("c1", "bash", {"command": "ls -la"})]),
+            Message("tool", "a.txt\nb.py", tool_call_id="c1"),
+            Message("user", "Now fix b.py."),
+        ],
+        tools=[ToolSpec("bash", "Run a command", params)],
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["token_ids"] == template.render(request, {}, True).ids
