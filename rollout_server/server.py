@@ -172,6 +172,7 @@ class RolloutServer:
         self._clients.append(engine)
         served, context = await served_model_and_context(engine, cfg.engine)
         await engine.label_weights("0")  # the policy version its tokens carry until the first UpdateWeights
+        self.engine.record(self.engine.epoch(), str(self.model_dir), "0")  # and again after a restart before then
 
         loopback = _bind(cfg.proxy.host, cfg.proxy.port)
         proxy_port = loopback.getsockname()[1]

@@ -259,8 +259,9 @@ class EngineWatch(Protocol):
         """Kills the engine; it comes back on `installed()`, under its label."""
         ...
 
-    def gave_up(self) -> bool:
-        """Whether the launcher stopped restarting the engine (its crash budget is spent)."""
+    def state(self) -> str:
+        """The launcher's word on the engine: "healthy" once a (re)start is done, its
+        label and probe included; "failed" once it stopped restarting it."""
         ...
 
 
@@ -331,10 +332,16 @@ class EngineClient:
             await asyncio.sleep(interval)
 
     async def wait_for_restart(self, epoch: int, timeout: float) -> None:
-        """Until the launcher has restarted the engine since `epoch` and it answers /health."""
+        """Until the launcher has restarted the engine since `epoch`, relabelled and probed
+        it, and it answers /health."""
         deadline = time.monotonic() + timeout
-        while self.watch is None or self.watch.epoch() == epoch or not await self.healthy():
-            if self.watch is not None and self.watch.gave_up():
+        while (
+            self.watch is None
+            or self.watch.epoch() == epoch
+            or self.watch.state() != "healthy"
+            or not await self.healthy()
+        ):
+            if self.watch is not None and self.watch.state() == "failed":
                 raise EngineError(0, "the engine's launcher gave up restarting it", "EngineFailed")
             if time.monotonic() > deadline:
                 raise EngineError(0, f"the engine did not come back within {timeout:g} s of its restart", "Timeout")

@@ -129,8 +129,8 @@ class ManagedEngine:
             self._label = label
             return True
 
-    def gave_up(self) -> bool:
-        return self.supervisor is not None and self.supervisor.state == "failed"
+    def state(self) -> str:
+        return "healthy" if self.supervisor is None else self.supervisor.state
 
     def restart(self, reason: str) -> None:
         """A planned restart: the engine is alive but not on the weights it should serve."""

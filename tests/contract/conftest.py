@@ -33,6 +33,10 @@ def _option(config: pytest.Config, name: str, default: str | None = None) -> str
     return config.getoption(name, default=default)
 
 
+# Room for a completion long enough that a weight update lands in its middle.
+CONTEXT = 1024
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from legorl_jax.models.demo_assets import build_tiny_hf_model
@@ -59,14 +63,14 @@ def engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, EngineWatch | 
     if request.param == "embedded":
         from legorl_jax.serve.server import EmbeddedEngine
 
-        with EmbeddedEngine.start(base, max_slots=8, max_len=128, max_chunk=32) as running:
+        with EmbeddedEngine.start(base, max_slots=8, max_len=CONTEXT, max_chunk=32) as running:
             yield running.url, None, False, True
         return
     from rollout_server.backends.launch import start_engine
     from rollout_server.backends.vllm import VllmOptions
 
     # float32 as the checkpoint is: vLLM on CPU would otherwise serve it in bfloat16.
-    config = EngineConfig(kind="vllm", port=0, max_batch=8, max_context=128, dtype="float32")
+    config = EngineConfig(kind="vllm", port=0, max_batch=8, max_context=CONTEXT, dtype="float32")
     options = (
         VllmOptions(executable=request.getfixturevalue("vllm_standin"))
         if request.param == "vllm-standin"

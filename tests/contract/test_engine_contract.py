@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rollout_server.backends.client import EngineClient, EngineError, SyncEngineClient
+from rollout_server.backends.client import EngineClient, EngineError, SyncEngineClient, TokenCompletion
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +200,35 @@ def test_tokens_carry_the_weights_label(client: SyncEngineClient, prompt: list[i
     assert labelled.json()["success"] is True
     choice = client.complete(prompt, max_tokens=4, ignore_eos=True, return_weight_versions=True)[0]
     assert choice.weight_versions == [("12", 0, 4)]
+
+
+def test_an_update_mid_completion_labels_each_token_with_its_weights(
+    client: SyncEngineClient, prompt: list[int], reload_path: str, engine_url: str, real_model: bool
+) -> None:
+    """The update protocol with a completion in flight (keep mode): it finishes, its
+    first tokens carry the old label and the rest the new one, as one split."""
+    if not real_model:
+        pytest.skip("the stand-in decodes at once unless slowed: tests/serve/test_vllm_update.py splits one slowed")
+    if httpx.post(f"{engine_url}/update_weight_version", json={"new_version": "20"}).status_code == 404:
+        pytest.skip("this engine predates vLLM 0.33: no per-token weight versions")
+    own = client.async_client
+
+    async def main() -> TokenCompletion:
+        async with EngineClient(
+            engine_url, timeout=300, watch=client.watch, reload_method=own.reload_method, token_route=own.token_route
+        ) as aclient:
+            budget = 1000 - len(prompt)
+            running = asyncio.create_task(
+                aclient.complete(prompt, max_tokens=budget, seed=9, ignore_eos=True, return_weight_versions=True)
+            )
+            await asyncio.sleep(0.3)
+            assert not running.done(), "the completion ended before the update: too fast to test here"
+            await aclient.update_weights(reload_path, "keep", version="21")
+            return (await running)[0]
+
+    choice = asyncio.run(main())
+    assert choice.weight_versions is not None and len(choice.token_ids) == 1000 - len(prompt)
+    assert [label for label, _, _ in choice.weight_versions] == ["20", "21"]
 
 
 def test_chat_rendering_is_the_proxys(engine_url: str, client: SyncEngineClient) -> None:
