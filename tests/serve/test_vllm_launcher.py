@@ -52,7 +52,7 @@ def test_vllm_command_carries_the_flags_rl_needs(vllm_standin: str) -> None:
     assert flags["--max-num-seqs"] == "48" and flags["--max-model-len"] == "8192" and flags["--port"] == "8123"
     assert flags["--served-model-name"] == "policy" and flags["--generation-config"] == "vllm"
     assert "--return-tokens-as-token-ids" in plan.command and plan.command[-1] == "--enforce-eager"
-    assert plan.env == {"VLLM_SERVER_DEV_MODE": "1"} and plan.url == "http://127.0.0.1:8123"
+    assert plan.env["VLLM_SERVER_DEV_MODE"] == "1" and plan.url == "http://127.0.0.1:8123"
     # A restart serves newer weights under the same name and tokenizer.
     later = vllm_plan(config, "/models/qwen3", VllmOptions(executable=vllm_standin), weights_dir="/w/v7")
     assert later.command[2] == "/w/v7"
