@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Benchmark: the embedded JAX engine against `transformers` (torch, CPU) on the
-same random weights at a real model's shape, in one run.
+"""Benchmark: the embedded JAX engine against `transformers` (torch, CPU) and,
+opt-in (`--sides engine hf vllm`), vLLM's CPU build, on the same random weights
+at a real model's shape, in one run.
 
 Each side runs in its own worker subprocess, so each one's peak resident memory
 is its own. Both workers load first; then the parent asks them for one
@@ -26,6 +27,21 @@ a row that only has to work: its time then includes compiling. Reported:
   the engine's prefill time per turn and the prefix-cache hit rate;
 - peak resident memory of the engine process against weights + the KV it used.
 
+vLLM (`--sides ... vllm`; off by default: it starts in minutes here, compiling
+its model with torch.compile at every start) runs as the project launches it,
+`rollout_server.backends.launch.start_engine` (its CPU build's KV pool 2 GiB
+unless `--kv-cache-gb`; context the larger of 4,096 and the longest row), on an
+ephemeral port, driven over HTTP by token ids: the same prompts, all of a row
+submitted at once, greedy, EOS ignored, prefix cache reset before every run
+(`/reset_prefix_cache`), the untimed run the row itself. Its times include the
+HTTP round trips (small beside seconds of generation); the engine's are in-process.
+`--vllm-dtype` (float32, as the other sides; vLLM's own choice for a float32
+checkpoint on CPU is bfloat16) and `--vllm-cpus` (auto: vLLM's own binding,
+which on 2 cores computes on one and reserves the other for its scheduler; or
+a core list for VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1). Its resident memory is
+the sum of each of its processes' peaks (API server, engine core, worker).
+The 4-turn episode is the engine's alone.
+
 The engine worker runs with the malloc settings `legorl` itself applies
 (`legorl_jax.core.allocator`; `--engine-malloc default` keeps glibc's), the
 transformers worker with glibc's defaults, as a user running transformers has
@@ -35,11 +51,13 @@ them (`--hf-malloc tuned` gives it the engine's).
 at fewer layers, and its ratio is then per layer (the LM head is not).
 
     .venv/bin/python scripts/bench_engine.py --shape smollm2-135m [--batches 1 8 32] [--long-prompt 32768]
+    .venv/bin/python scripts/bench_engine.py --sides engine hf vllm --batches 1 8 --long-prompt 1024 --first-turn 0
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import mmap
 import os
@@ -283,10 +301,107 @@ class HFSide:
         return {"rss_gb": peak_rss_gb(), "threads": self.torch.get_num_threads()}
 
 
+def group_peak_rss_gb(pgid: int) -> float:
+    """The sum of the peak resident memory (VmHWM) of every process in a group:
+    a bound on the group's peak (each process may peak at another time)."""
+    total_kib = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != pgid:
+                continue
+            status = (entry / "status").read_text()
+        except (OSError, ProcessLookupError):
+            continue  # gone meanwhile
+        total_kib += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+    return total_kib / 2**20
+
+
+class VllmSide:
+    """vLLM's CPU build launched as the project launches it (`start_engine`), over
+    HTTP with token-id prompts; greedy, EOS ignored, prefix cache reset per run."""
+
+    def __init__(self, args: argparse.Namespace, model_dir: Path) -> None:
+        from legorl_jax.core.config import EngineConfig
+        from rollout_server.backends.launch import start_engine
+        from rollout_server.backends.vllm import check_vllm_version
+
+        self.args = args
+        self.vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        if args.vllm_cpus != "auto":
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_cpus  # the engine process inherits it
+        config = EngineConfig(
+            kind="vllm",
+            port=0,  # an ephemeral port (start_engine's free_port)
+            max_batch=max([32, *args.batches]),
+            max_context=max(4096, args.prompt_tokens + args.new_tokens, args.long_prompt + 1),
+            dtype=args.vllm_dtype,
+            kv_cache_memory_bytes=int(args.kv_cache_gb * 1e9) if args.kv_cache_gb else None,
+        )
+        self.version = str(check_vllm_version())
+        self.log = Path(tempfile.mkdtemp(prefix="bench-engine-vllm-")) / "vllm.log"
+        progress("vllm", f"starting vLLM {self.version} (log {self.log})")
+        start = time.perf_counter()
+        self.engine = start_engine(config, model_dir, log_path=self.log)
+        self.start_s = time.perf_counter() - start
+        progress("vllm", f"up in {self.start_s:.0f} s at {self.engine.url}")
+        self.client = self.engine.sync_client()
+        self.rss_decode_gb = 0.0
+
+    def _rss_gb(self) -> float:
+        pid = self.engine.supervisor.pid if self.engine.supervisor is not None else None
+        return group_peak_rss_gb(pid) if pid is not None else float("nan")
+
+    def _generate(self, prompts: list[list[int]], new_tokens: int) -> float:
+        """Seconds to generate new_tokens for every prompt, all sent at once, after a prefix-cache reset."""
+
+        async def run() -> float:
+            client = self.client.async_client
+            await client.reset_prefix_cache()
+            start = time.perf_counter()
+            answers = await asyncio.gather(
+                *(client.complete(p, max_tokens=new_tokens, temperature=0.0, ignore_eos=True) for p in prompts)
+            )
+            seconds = time.perf_counter() - start
+            counts = {len(choices[0].token_ids) for choices in answers}
+            if counts != {new_tokens}:
+                raise RuntimeError(f"vLLM generated {counts} tokens per request, not {new_tokens}")
+            return seconds
+
+        return self.client.run(run())
+
+    def warm(self, op: str, *args: Any) -> None:
+        getattr(self, op)(*args)
+
+    def decode(self, batch: int, new_tokens: int | None = None) -> float:
+        prompts = prompts_for(batch, self.args.prompt_tokens, self.vocab, batch)
+        seconds = self._generate(prompts, new_tokens or self.args.new_tokens)
+        self.rss_decode_gb = max(self.rss_decode_gb, self._rss_gb())
+        return seconds
+
+    def prefill(self, batch: int) -> float:
+        """The decode row's prompts to their first token."""
+        return self.decode(batch, 1)
+
+    def long(self) -> float:
+        return self._generate(prompts_for(1, self.args.long_prompt, self.vocab, 99), 1)
+
+    def finish(self) -> dict[str, Any]:
+        rss = self._rss_gb()
+        self.client.close()
+        self.engine.stop()
+        return {"rss_gb": rss, "start_s": self.start_s, "version": self.version}
+
+
+SIDES = {"engine": EngineSide, "hf": HFSide, "vllm": VllmSide}
+LABELS = {"engine": "engine", "hf": "transformers", "vllm": "vLLM"}
+
+
 def serve_worker(args: argparse.Namespace) -> int:
     """A worker's loop: one JSON request per stdin line ({"op": ..., "arg": ...}),
     one marked JSON answer per request on stdout; "finish" ends it."""
-    side = (EngineSide if args.side == "engine" else HFSide)(args, args.model_dir)
+    side = SIDES[args.side](args, args.model_dir)
     print(ANSWER + json.dumps("ready"), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
@@ -309,8 +424,11 @@ class Worker:
     def ask(self, op: str, *args: Any) -> Any:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         if op != "ready":
-            self.proc.stdin.write(json.dumps({"op": op, "args": list(args)}) + "\n")
-            self.proc.stdin.flush()
+            try:
+                self.proc.stdin.write(json.dumps({"op": op, "args": list(args)}) + "\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:  # it died since its last answer (-9: killed, e.g. out of memory)
+                raise RuntimeError(f"the {self.side} worker exited (status {self.proc.wait()}) before {op!r}") from None
         for line in self.proc.stdout:
             if line.startswith(ANSWER):
                 return json.loads(line[len(ANSWER) :])
@@ -340,13 +458,34 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per side and row (median)")
     parser.add_argument("--long-prompt", type=int, default=32768, help="0 skips the long-prompt row")
     parser.add_argument("--cold", action="store_true", help="no untimed runs: times include compiling")
-    parser.add_argument("--engine-only", action="store_true", help="no transformers side")
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        choices=sorted(SIDES),
+        default=["engine", "hf"],
+        help="sides to run, engine first and always (the baseline of every ratio); vllm is opt-in: "
+        "vLLM's CPU build, started through start_engine in minutes here",
+    )
+    parser.add_argument("--engine-only", action="store_true", help="no other side (--sides engine)")
+    parser.add_argument(
+        "--vllm-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="vLLM's --dtype (float32: as the other sides; vLLM's own choice on CPU is bfloat16)",
+    )
+    parser.add_argument(
+        "--vllm-cpus",
+        default="auto",
+        help="vLLM's VLLM_CPU_OMP_THREADS_BIND: auto (its own; on 2 cores one computes, one is reserved "
+        "for its scheduler) or a core list such as 0-1",
+    )
     parser.add_argument("--first-turn", type=int, default=10000, help="first prompt of the 4-turn episode; 0 skips")
     parser.add_argument("--turn-tokens", type=int, default=500, help="tokens each later turn adds")
     parser.add_argument(
         "--kv-cache-gb",
         type=float,
-        help="the engine's KV pool (default: the engine's default, which may queue the largest batch)",
+        help="the engine's KV pool, and vLLM's (default: each one's own, which may queue the largest batch; "
+        "vLLM's CPU build: 2 GiB, start_engine's)",
     )
     parser.add_argument(
         "--engine-malloc",
@@ -360,7 +499,7 @@ def main() -> int:
         default="default",
         help="the transformers worker's malloc: glibc's defaults, or the engine's settings",
     )
-    parser.add_argument("--side", choices=("engine", "hf"), help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if (
@@ -371,6 +510,11 @@ def main() -> int:
         parser.error("batches, --prompt-tokens, --new-tokens, --repeats and --num-layers must be positive")
     if args.kv_cache_gb is not None and args.kv_cache_gb <= 0:
         parser.error(f"--kv-cache-gb must be positive, got {args.kv_cache_gb}")
+    if args.engine_only:
+        args.sides = ["engine"]
+    if "engine" not in args.sides:
+        parser.error("--sides must include engine: it is the baseline of every ratio")
+    args.sides = ["engine"] + [s for s in dict.fromkeys(args.sides) if s != "engine"]
     args.episode_tokens = args.first_turn + 4 * (args.turn_tokens + 1) if args.first_turn else 0
     if args.side:
         return serve_worker(args)
@@ -380,11 +524,8 @@ def main() -> int:
     shape = SHAPES[args.shape] | ({"num_layers": args.num_layers} if args.num_layers else {})
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_hf_model(Path(tmp) / args.shape, **shape)
-        malloc = {"engine": args.engine_malloc, "hf": args.hf_malloc}
-        workers = [
-            Worker(side, model_dir, os.environ | {"LEGORL_MALLOC": malloc[side]})
-            for side in ("engine", "hf")[: 1 if args.engine_only else 2]
-        ]
+        malloc = {"engine": args.engine_malloc, "hf": args.hf_malloc, "vllm": "default"}
+        workers = [Worker(side, model_dir, os.environ | {"LEGORL_MALLOC": malloc[side]}) for side in args.sides]
         try:
             report(args, shape, workers)
         finally:
@@ -403,25 +544,35 @@ def report(args: argparse.Namespace, shape: dict[str, Any], workers: list[Worker
     prefill = {batch: interleaved(workers, args, "prefill", batch) for batch in args.batches}
     long = interleaved(workers, args, "long") if args.long_prompt else {}
     turns = workers[0].ask("episode") if args.first_turn else None
-    engine = workers[0].ask("finish")
-    hf = workers[1].ask("finish") if len(workers) > 1 else None
+    finished = {worker.side: worker.ask("finish") for worker in workers}
+    engine, hf, vllm = finished["engine"], finished.get("hf"), finished.get("vllm")
+    sides = [worker.side for worker in workers]
+    others = sides[1:]  # every ratio is the engine's against one of these
     lengths = f"prompt {args.prompt_tokens}, new {args.new_tokens} tokens; " if decode else ""
     print(f"shape {args.shape} {shape}; {lengths}"
           f"median of {args.repeats} timed run(s) per side; memory bandwidth {bandwidth:.1f} GB/s"
           + f"; malloc: engine {args.engine_malloc}"
-          + (f", transformers {args.hf_malloc}; torch threads {hf['threads']}" if hf else ""))  # fmt: skip
+          + (f", transformers {args.hf_malloc}; torch threads {hf['threads']}" if hf else "")
+          + (f"; vLLM {vllm['version']} {args.vllm_dtype}, cpus {args.vllm_cpus}, up in {vllm['start_s']:.0f} s"
+             if vllm else ""))  # fmt: skip
     if decode:
-        print(f"{'batch':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>7}   {'prefill s (engine / hf)':>24}"
-              f" {'decode tok/s (engine / hf)':>27} {'ratio':>7}")  # fmt: skip
+        names = " / ".join(sides)
+        print(f"{'batch':>5}" + "".join(f" {side + ' tok/s':>12}" for side in sides)
+              + "".join(f" {'x ' + side:>8}" for side in others)
+              + f"   prefill s ({names})   decode tok/s ({names})"
+              + "".join(f" {'x ' + side:>8}" for side in others))  # fmt: skip
     for batch, seconds in decode.items():
         tokens = batch * args.new_tokens
-        e, h = seconds["engine"], seconds.get("hf", float("nan"))
-        pe, ph = prefill[batch]["engine"], prefill[batch].get("hf", float("nan"))
-        # Decode alone: the tokens after the first, over the row's time less its prefill.
+        # Decode alone: the tokens after the first, over the row's time less its prefill
+        # (nan where the prefill alone took longer than the row: load that came and went).
         later = batch * (args.new_tokens - 1)
-        de, dh = later / max(e - pe, 1e-9), later / max(h - ph, 1e-9)
-        print(f"{batch:>5} {tokens / e:>13.1f} {tokens / h:>10.1f} {h / e:>6.2f}x   {pe:>11.2f} / {ph:<10.2f}"
-              f" {de:>13.1f} / {dh:<11.1f} {de / dh if dh else float('nan'):>6.2f}x")  # fmt: skip
+        rate = {side: later / (t - prefill[batch][side]) if t > prefill[batch][side] else float("nan")
+                for side, t in seconds.items()}  # fmt: skip
+        print(f"{batch:>5}" + "".join(f" {tokens / t:>12.1f}" for t in seconds.values())
+              + "".join(f" {seconds[o] / seconds['engine']:>7.2f}x" for o in others)
+              + "   " + " / ".join(f"{t:.2f}" for t in prefill[batch].values())
+              + "   " + " / ".join(f"{r:.1f}" for r in rate.values())
+              + "".join(f" {rate['engine'] / rate[o]:>7.2f}x" for o in others))  # fmt: skip
     if 1 in decode:
         # Batch-1 decode reads every weight once per token (the KV read is small beside it).
         bound = bandwidth / engine["weights_gb"]
@@ -429,7 +580,8 @@ def report(args: argparse.Namespace, shape: dict[str, Any], workers: list[Worker
         print(f"batch-1 bound: {bound:.1f} tok/s ({engine['weights_gb']:.2f} GB of weights / {bandwidth:.1f} GB/s); "
               f"engine at {e1 / bound:.0%} of it (includes prefill of the prompt)")  # fmt: skip
     if long:
-        versus = f", one transformers forward {long['hf']:.1f} s ({long['engine'] / long['hf']:.2f}x)" if hf else ""
+        what = {"hf": "one transformers forward", "vllm": "vLLM (1 token)"}
+        versus = "".join(f", {what[o]} {long[o]:.1f} s ({long['engine'] / long[o]:.2f}x)" for o in others)
         print(f"prefill of {args.long_prompt} tokens: engine {long['engine']:.1f} s{versus}")
     if turns:
         per_turn = "; ".join(f"{s:.2f} s, {hit}/{n} cached" for s, n, hit in turns)
@@ -439,7 +591,8 @@ def report(args: argparse.Namespace, shape: dict[str, Any], workers: list[Worker
     after_decode = f"after decode rows {engine['rss_decode_gb']:.2f} GB; " if decode else ""
     print(f"peak RSS: engine {engine['rss_gb']:.2f} GB (after load {engine['rss_start_gb']:.2f} GB; {after_decode}"
           f"weights {engine['weights_gb']:.2f} GB + KV used {engine['kv_used_gb']:.2f} GB, "
-          f"pool {engine['kv_pool_gb']:.2f} GB)" + (f"; transformers {hf['rss_gb']:.2f} GB" if hf else ""))  # fmt: skip
+          f"pool {engine['kv_pool_gb']:.2f} GB)" + (f"; transformers {hf['rss_gb']:.2f} GB" if hf else "")
+          + (f"; vLLM {vllm['rss_gb']:.2f} GB (sum of its processes' peaks)" if vllm else ""))  # fmt: skip
 
 
 if __name__ == "__main__":

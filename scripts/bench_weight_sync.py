@@ -36,7 +36,23 @@ All N hosts share this machine's cores with the learner, so per-host CPU
 work (patching, hashing, writing, reloading) adds up with N here, where a
 real fleet gives every host its own.
 
+With `--engines embedded,vllm` (opt-in: vLLM's CPU build starts in minutes
+here), into real engines: each engine launched as the project launches it
+(`rollout_server.backends.launch.start_engine`, ephemeral ports, its default
+dtype: embedded float32, vLLM bfloat16 from the bf16 checkpoint) on version 0;
+then per version a model of new random weights (seed = version, so a reload
+that loads nothing fails the check) is published by `DirectoryPublisher`
+(bf16, a full checkpoint every version: an engine reloads a directory) and
+installed into each engine in turn (the order alternating per version) by
+the client's `update_weights` (pause → /collective_rpc reload → reset prefix
+cache → label → resume). Each install is checked with the served-weights probe
+(`served_probe.probe_engine`: the engine's logprobs of the version's probe
+against the learner's). Last, one more version reaches each engine the
+other way, by a restart: `stop` and `start_engine` on the new directory.
+`--engines-only` skips everything else.
+
     .venv/bin/python scripts/bench_weight_sync.py [--sizes 100m,400m] [--hosts 1,2,4,8] [--steps 3]
+    .venv/bin/python scripts/bench_weight_sync.py --sizes 100m --engines embedded,vllm --engines-only
 """
 
 from __future__ import annotations
@@ -62,13 +78,17 @@ import optax
 from flax import nnx
 
 from legorl_jax.core import safetensors_io
+from legorl_jax.core.config import EngineConfig
 from legorl_jax.core.weight_delta import read_header, tensor_sums
 from legorl_jax.core.weight_layout import DELTA_FILE, read_manifest, read_tensors
 from legorl_jax.models import CausalLM
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.hf_io import _hf_tensors
+from legorl_jax.models.tokenizer import build_demo_tokenizer
 from legorl_jax.train.publish import DirectoryPublisher
 from legorl_jax.train.weight_stream import WeightStreamer
+from rollout_server.backends.launch import ManagedEngine, start_engine
+from rollout_server.backends.served_probe import probe_engine
 from rollout_server.served_tensors import Held, ServedTensors
 from rollout_server.weights import install_delta
 
@@ -81,14 +101,14 @@ LR = 1e-6
 TOKENS = 64
 
 
-def make_model(size: str) -> CausalLM:
+def make_model(size: str, seed: int = 0, tied: bool = False) -> CausalLM:
     hidden, layers, heads, kv_heads, intermediate = SIZES[size]
     config = ModelConfig(
         architecture="qwen3", vocab_size=32768, hidden_size=hidden, intermediate_size=intermediate,
         num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=64, qk_norm=True,
-        param_dtype="float32", compute_dtype="bfloat16",
+        param_dtype="float32", compute_dtype="bfloat16", tie_word_embeddings=tied,
     )  # fmt: skip
-    return CausalLM(config, rngs=nnx.Rngs(0))
+    return CausalLM(config, rngs=nnx.Rngs(seed))
 
 
 def learner_steps(size: str, steps: int) -> Iterator[tuple[CausalLM, float]]:
@@ -274,6 +294,98 @@ def floor(size: str, scratch: Path, repeats: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def progress(what: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
+def launch(kind: str, weights: str, scratch: Path, name: str, dtype: str | None) -> tuple[ManagedEngine, float]:
+    """An engine of `kind` serving `weights`, as the project launches it; with its start-up seconds."""
+    started = time.monotonic()
+    config = EngineConfig.model_validate({"kind": kind, "port": 0, "dtype": dtype})  # port 0: an ephemeral one
+    engine = start_engine(config, weights, log_path=scratch / f"{name}.log")
+    return engine, time.monotonic() - started
+
+
+def probed(engine: ManagedEngine, weights: str) -> tuple[bool, float]:
+    """Whether the engine serves `weights` (the served-weights probe), and the probe's max logprob difference."""
+    client = engine.sync_client()
+    try:
+        result = client.run(probe_engine(client.async_client, weights, engine.dtype))
+    finally:
+        client.close()
+    assert result is not None, f"{weights} carries no probe"
+    return result.passed, result.max_abs_diff
+
+
+def engine_sync(size: str, kinds: list[str], args: argparse.Namespace, scratch: Path) -> None:
+    """Publish + update_weights into real engines, then the same version by a restart (module docstring)."""
+    tokenizer = build_demo_tokenizer(scratch / "tokenizer")
+    publisher = DirectoryPublisher(scratch / f"engines-{size}", keep=3, tokenizer_from=tokenizer, dtype="bfloat16")
+    base = publisher.publish(make_model(size, 0, args.tied), 0)
+    engines: dict[str, ManagedEngine] = {}
+    dtypes = {"embedded": None, "vllm": args.vllm_dtype}  # None: the engine's default
+    start_s: dict[str, float] = {}
+    updates: dict[str, list[float]] = {kind: [] for kind in kinds}
+    checks: dict[str, list[tuple[bool, float]]] = {kind: [] for kind in kinds}
+    publish_s: list[float] = []
+    try:
+        for kind in kinds:
+            progress(f"starting {kind} on {base}")
+            engines[kind], start_s[kind] = launch(kind, base, scratch, f"{kind}-{size}", dtypes[kind])
+            progress(f"{kind} up in {start_s[kind]:.0f} s; probe {probed(engines[kind], base)}")
+        for version in range(1, args.engine_versions + 2):
+            model = make_model(size, version, args.tied)
+            started = time.monotonic()
+            location = publisher.publish(model, version)
+            publish_s.append(time.monotonic() - started)
+            del model
+            order = kinds if version % 2 else kinds[::-1]
+            for kind in order:
+                started = time.monotonic()
+                if version <= args.engine_versions:  # the native reload
+                    method = (
+                        {"reload_method": args.vllm_reload_method} if kind == "vllm" and args.vllm_reload_method else {}
+                    )
+                    client = engines[kind].sync_client(**method)
+                    try:
+                        client.update_weights(location, version=f"v{version}")
+                    finally:
+                        client.close()
+                    updates[kind].append(time.monotonic() - started)
+                else:  # the last version by a restart on its directory
+                    engines[kind].stop()
+                    engines[kind], _ = launch(kind, location, scratch, f"{kind}-{size}-restart", dtypes[kind])
+                    updates[kind].append(time.monotonic() - started)
+                checks[kind].append(probed(engines[kind], location))
+                how = "update_weights" if version <= args.engine_versions else "restart"
+                progress(f"v{version} {kind}: publish {publish_s[-1]:.2f} s, {how} {updates[kind][-1]:.2f} s, "
+                         f"probe (passed, max diff) {checks[kind][-1]}")  # fmt: skip
+    finally:
+        for engine in engines.values():
+            engine.stop()
+    copy_s, nbytes = raw_copy_s(Path(location), scratch / "raw")  # the last version: base is pruned by now
+    baseline = kinds[0]
+    reload = {kind: statistics.median(updates[kind][:-1]) for kind in kinds}
+    publish = statistics.median(publish_s)
+    reload_by = f", vLLM reloads by {args.vllm_reload_method}" if args.vllm_reload_method and "vllm" in kinds else ""
+    reload_by += f", vLLM in {args.vllm_dtype}" if args.vllm_dtype and "vllm" in kinds else ""
+    print(f"\n{size}{' tied' if args.tied else ''}{reload_by} into engines: full bf16 checkpoint {nbytes / 1e6:.0f} MB "
+          f"(raw copy {copy_s:.3f} s); publish median {publish:.2f} s; medians of {args.engine_versions} "
+          f"update(s), then one restart; x: against {baseline}")  # fmt: skip
+    print("| engine | first start s | update_weights s | x | publish + update s | x | probe after updates "
+          "(max diff) | restart s | x | restart / update | probe after restart |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for kind in kinds:
+        passed = all(ok for ok, _ in checks[kind][:-1])
+        worst = max(diff for _, diff in checks[kind][:-1])
+        restart, last = updates[kind][-1], checks[kind][-1]
+        print(f"| {kind} | {start_s[kind]:.1f} | {reload[kind]:.2f} | {reload[kind] / reload[baseline]:.2f}x | "
+              f"{publish + reload[kind]:.2f} | {(publish + reload[kind]) / (publish + reload[baseline]):.2f}x | "
+              f"{'passed' if passed else 'FAILED'} ({worst:.3g}) | {restart:.1f} | "
+              f"{restart / updates[baseline][-1]:.2f}x | {restart / reload[kind]:.0f}x | "
+              f"{'passed' if last[0] else 'FAILED'} ({last[1]:.3g}) |", flush=True)  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100m,400m")
@@ -282,14 +394,44 @@ def main() -> int:
     parser.add_argument("--full-every", type=int, default=8)
     parser.add_argument("--install-repeats", type=int, default=6, help="host delta installs per mode (0: none)")
     parser.add_argument("--floor-repeats", type=int, default=6, help="floor measurements, alternated (0: none)")
+    parser.add_argument(
+        "--engines",
+        default="",
+        help="comma list of embedded, vllm: publish + update_weights into these real engines, the first "
+        "the baseline of the ratios (opt-in: vLLM's CPU build starts in minutes)",
+    )
+    parser.add_argument("--engines-only", action="store_true", help="only the --engines section")
+    parser.add_argument("--engine-versions", type=int, default=3, help="updates per engine before its restart")
+    parser.add_argument("--tied", action="store_true", help="the --engines model ties its embeddings")
+    parser.add_argument(
+        "--vllm-dtype",
+        choices=("float32", "bfloat16"),
+        help="vLLM's --dtype (default: its own, bfloat16 for the bf16 checkpoint)",
+    )
+    parser.add_argument(
+        "--vllm-reload-method",
+        help="the worker method vLLM's update_weights calls through /collective_rpc (default: the launcher's; "
+        "reload_weights: vLLM's own)",
+    )
     args = parser.parse_args()
-    counts = [int(n) for n in args.hosts.split(",")]
+    kinds = [k for k in args.engines.split(",") if k]
+    if any(k not in ("embedded", "vllm") for k in kinds) or len(set(kinds)) != len(kinds):
+        parser.error(f"--engines takes embedded and/or vllm, got {args.engines!r}")
+    if args.engines_only and not kinds:
+        parser.error("--engines-only needs --engines")
+    if args.engine_versions < 1:
+        parser.error("--engine-versions must be positive")
+    counts = [] if args.engines_only else [int(n) for n in args.hosts.split(",")]
     jax.config.update("jax_default_matmul_precision", "float32")
     print(f"jax {jax.__version__} on {jax.default_backend()}, lr {LR}, full checkpoint every {args.full_every}")
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-weight-sync-")))
-        addresses = stack.enter_context(host_processes(max(counts), scratch))
+        addresses = stack.enter_context(host_processes(max(counts), scratch)) if counts else []
         for size in args.sizes.split(","):
+            if kinds:
+                engine_sync(size, kinds, args, scratch)
+            if not counts:
+                continue
             abstract = nnx.eval_shape(functools.partial(make_model, size))  # counted without allocating
             params = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
             print(f"\n{size}: {params / 1e6:.0f}M parameters")
