@@ -456,7 +456,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         self.served_weights = directory
         reload_s = time.monotonic() - started
         diff = math.nan if probe is None else probe.max_abs_diff
-        log.info("policy version %d loaded (%s, by %s) in %.2f s; probe max diff %.3g", version, how, path,
+        log.info("policy version %d loaded (%s) by %s in %.2f s; probe max diff %.3g", version, how, path,
                  reload_s, diff)  # fmt: skip
         return pb.UpdateWeightsResponse(loaded_version=version, reload_s=reload_s, probe_max_abs_diff=diff,
                                         update_path=path)  # fmt: skip
