@@ -218,10 +218,12 @@ def test_an_update_mid_completion_labels_each_token_with_its_weights(
             engine_url, timeout=300, watch=client.watch, reload_method=own.reload_method, token_route=own.token_route
         ) as aclient:
             budget = 1000 - len(prompt)
+            await aclient.model()  # asked now, so the completion's request goes out at once
             running = asyncio.create_task(
                 aclient.complete(prompt, max_tokens=budget, seed=9, ignore_eos=True, return_weight_versions=True)
             )
-            await asyncio.sleep(0.3)
+            # Early: a warm vLLM decodes this model's ~1,000 tokens in about half a second here.
+            await asyncio.sleep(0.08)
             assert not running.done(), "the completion ended before the update: too fast to test here"
             await aclient.update_weights(reload_path, "keep", version="21")
             return (await running)[0]
