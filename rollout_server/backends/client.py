@@ -149,36 +149,17 @@ def parse_choice(choice: dict[str, Any]) -> TokenCompletion:
 # where its /v1/completions gives no per-token weight versions, this route does.
 GENERATE_PATH = "/inference/v1/generate"
 TokenRoute = Literal["completions", "generate"]
-# Completions-only fields completion_body's callers pass; the generate route has no place for them.
-_COMPLETIONS_ONLY = {"return_tokens_as_token_ids", "return_weight_versions", "return_token_ids", "logprobs"}
+# Fields of a completions body that the generate route takes outside its sampling_params, or not at all.
+_OUTSIDE_SAMPLING = {"model", "prompt", "stream", "return_tokens_as_token_ids", "return_weight_versions",
+                     "return_token_ids"}  # fmt: skip
 
 
-def generate_body(
-    prompt: list[int],
-    model: str,
-    *,
-    max_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = -1,
-    seed: int | None = None,
-    stop_token_ids: list[int] | None = None,
-    prompt_logprobs: int | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
+def generate_body(prompt: list[int], model: str, **sampling: Any) -> dict[str, Any]:
     """The generate route's request for what `completion_body` asks of /v1/completions
-    (token ids in; `extra` sampling fields such as ignore_eos go into its sampling_params)."""
-    sampling: dict[str, Any] = {
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "logprobs": 0,
-        **{k: v for k, v in extra.items() if k not in _COMPLETIONS_ONLY},
-    }
-    optional = {"seed": seed, "stop_token_ids": stop_token_ids, "prompt_logprobs": prompt_logprobs}
-    sampling.update({k: v for k, v in optional.items() if v is not None})
-    return {"model": model, "token_ids": prompt, "sampling_params": sampling, "output_mode": "tokens"}
+    (token ids in; its sampling fields, ignore_eos and the like too, go into sampling_params)."""
+    body = completion_body(prompt, model, **sampling)
+    params = {k: v for k, v in body.items() if k not in _OUTSIDE_SAMPLING}
+    return {"model": model, "token_ids": prompt, "sampling_params": params, "output_mode": "tokens"}
 
 
 def parse_generate(response: dict[str, Any]) -> list[TokenCompletion]:
