@@ -5,6 +5,11 @@ Each format is named after the vLLM tool parser that reads the same output:
 `qwen3_coder` (`<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>`)
 and `llama3_json` (Llama 3.x: `{"name": .., "parameters": {..}}` objects, several
 separated by `;`, optionally after `<|python_tag|>`).
+The harness must see what vLLM's parser would show it, since that is where the
+policy is deployed: a last `<tool_call>` the model never closed is still read,
+the content is the text before the first call, and a `llama3_json` call is any
+JSON call object in the text. `tests/proxy/test_parsers_match_vllm.py` holds each
+format to vLLM's own parser and lists where this one differs on purpose.
 A malformed tool call is the policy's mistake, not the environment's: the
 whole text goes back as plain content and `parse_error` says what was wrong,
 so the trajectory still trains on it.
@@ -24,7 +29,8 @@ ToolCallFormat = Literal["hermes", "qwen3_coder", "llama3_json"]
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
-_CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+# A closed block, or an unclosed one running to the end of the text.
+_CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLOSE) + r"|\Z)", re.DOTALL)
 _FUNCTION = re.compile(r"^\s*<function=([^>\n]+)>(.*)</function>\s*$", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
@@ -81,10 +87,13 @@ Call = tuple[str, dict[str, Any]]
 
 def _json_call(obj: Any, args_keys: tuple[str, ...]) -> Call:
     """A call from its JSON object: a string `name` and the arguments under
-    the first of `args_keys` it has (none: no arguments)."""
+    the first of `args_keys` it has (it must have one, as vLLM requires)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         raise ToolCallParseError("tool call JSON lacks a string 'name'")
-    args: Any = next((obj[key] for key in args_keys if key in obj), {})
+    key = next((key for key in args_keys if key in obj), None)
+    if key is None:
+        raise ToolCallParseError(f"tool call JSON lacks {' or '.join(repr(k) for k in args_keys)}")
+    args: Any = obj[key]
     if isinstance(args, str):  # some models double-encode the arguments
         args = _tool_json(args, "tool call arguments")
     if not isinstance(args, dict):
@@ -119,52 +128,45 @@ def _xml_call(block: str, tools: dict[str, ToolSpec]) -> Call:
 
 
 def _tagged_calls(rest: str, read: Callable[[str], Call]) -> tuple[str, list[Call]] | None:
-    """`hermes` and `qwen3_coder`: every `<tool_call>` block read by `read`, the text around them the content."""
+    """`hermes` and `qwen3_coder`: every `<tool_call>` block read by `read` (the last
+    may be unclosed), the text before the first the content."""
     if CALL_OPEN not in rest:
         return None
-    blocks = _CALL_BLOCK.findall(rest)
-    if rest.count(CALL_OPEN) != len(blocks):
-        raise ToolCallParseError("unterminated <tool_call>")
-    return _CALL_BLOCK.sub("", rest).strip(), [read(block) for block in blocks]
+    content = rest[: rest.index(CALL_OPEN)].strip()
+    return content, [read(block) for block in _CALL_BLOCK.findall(rest)]
 
 
 def _llama3_json_calls(rest: str, offered: bool) -> tuple[str, list[Call]] | None:
-    """`llama3_json`: after `<|python_tag|>` (the text before it is the
-    content), or as the whole completion when it opens with `{` and tools were
-    offered (a JSON answer to a request without tools is an answer), JSON call
-    objects separated by `;`. Each object is read as JSON, not split at `;`
-    first: a shell command in the arguments holds semicolons."""
-    head, tag, body = rest.partition(PYTHON_TAG)
-    if not tag:
-        if not (offered and rest.lstrip().startswith("{")):
-            return None
-        head, body = "", rest
+    """`llama3_json`: every top-level JSON object in the text is a call (the text
+    around them is dropped, as vLLM drops it), whether after `<|python_tag|>` or
+    not. Only where tools were offered or the tag was sampled: a JSON answer to a
+    request without tools is an answer. Each object is read as JSON, not split at
+    `;` first: a shell command in the arguments holds semicolons. Text that does
+    not open as a call (`{` in prose) is content, no parse error."""
+    tagged = PYTHON_TAG in rest
+    if not (tagged or (offered and "{" in rest)):
+        return None
+    looks_like_call = tagged or rest.lstrip().startswith("{")
     calls: list[Call] = []
-    at = _skip_space(body, 0)
-    while at < len(body):
+    at = rest.find("{")
+    while at != -1:
         try:
-            obj, at = _DECODER.raw_decode(body, at)
+            obj, end = _DECODER.raw_decode(rest, at)
+            calls.append(_json_call(obj, ("arguments", "parameters")))  # as vLLM reads them
         except RecursionError:
             raise ToolCallParseError("tool call is not JSON: JSON nested too deeply") from None
         except ToolCallParseError:
+            if not looks_like_call:
+                return None
             raise
         except ValueError as exc:
+            if not looks_like_call:
+                return None
             raise ToolCallParseError(f"tool call is not JSON: {exc}") from exc
-        calls.append(_json_call(obj, ("arguments", "parameters")))  # as vLLM reads them
-        at = _skip_space(body, at)
-        if at < len(body):
-            if body[at] != ";":
-                raise ToolCallParseError(f"text after a tool call: {body[at : at + 20]!r} (calls are separated by ';')")
-            at = _skip_space(body, at + 1)
+        at = rest.find("{", end)
     if not calls:
         raise ToolCallParseError(f"no tool call after {PYTHON_TAG}")
-    return head.strip(), calls
-
-
-def _skip_space(text: str, at: int) -> int:
-    while at < len(text) and text[at].isspace():
-        at += 1
-    return at
+    return "", calls
 
 
 def parse_completion(

@@ -61,7 +61,7 @@ def test_hermes_calls_with_prose_and_reasoning() -> None:
         ('<tool_call>\n{"name": "edit", "arguments": {"path": \n</tool_call>', "not JSON"),
         ('<tool_call>\n{"arguments": {}}\n</tool_call>', "lacks a string 'name'"),
         ('<tool_call>\n{"name": "edit", "arguments": [1]}\n</tool_call>', "not a JSON object"),
-        ('<tool_call>\n{"name": "edit", "arguments": {}}', "unterminated"),
+        ('<tool_call>\n{"name": "edit"}\n</tool_call>', "lacks 'arguments'"),
     ],
 )
 def test_malformed_hermes_call_is_content_with_parse_error(body: str, error: str) -> None:
@@ -69,6 +69,20 @@ def test_malformed_hermes_call_is_content_with_parse_error(body: str, error: str
     assert out.tool_calls == ()
     assert out.content == ("Trying.\n" + body).strip()
     assert out.parse_error is not None and error in out.parse_error
+
+
+def test_an_unclosed_last_call_is_read_and_text_after_calls_is_dropped() -> None:
+    """As vLLM's parsers read them: the harness sees what it would see deployed on vLLM."""
+    out = parse_completion(
+        'Sure.\n<tool_call>\n{"name": "edit", "arguments": {"path": "a.py"}}', "hermes", TOOLS, ids()
+    )
+    assert out.content == "Sure." and [c.arguments for c in out.tool_calls] == [{"path": "a.py"}]
+    xml = "<tool_call>\n<function=edit>\n<parameter=path>\na.py\n</parameter>\n</function>\n</tool_call>\nDone."
+    out = parse_completion(
+        xml + "\n" + xml.removesuffix("\nDone.").removesuffix("</tool_call>"), "qwen3_coder", TOOLS, ids()
+    )
+    assert out.content == "" and [c.arguments for c in out.tool_calls] == [{"path": "a.py"}] * 2
+    assert out.parse_error is None
 
 
 def test_qwen3_coder_xml_calls_coerced_by_schema() -> None:
@@ -132,19 +146,25 @@ def test_llama3_json_calls_after_python_tag_with_prose_and_reasoning() -> None:
         '{"name": "edit", "parameters": "{\\"path\\": \\"b.py\\"}"}'
     )
     out = parse_completion(text, "llama3_json", TOOLS, ids())
-    assert out.reasoning == "look" and out.content == "Let me edit."
+    assert out.reasoning == "look" and out.content == ""  # vLLM's llama3_json parser drops the prose
     assert [c.arguments for c in out.tool_calls] == [{"path": "a.py"}, {"path": "b.py"}]
     # After `<|python_tag|>` it is a call even in a request without tools: the model meant one.
     assert parse_completion('<|python_tag|>{"name": "f", "parameters": {}}', "llama3_json", [], ids()).tool_calls
 
 
 def test_llama3_json_plain_answers_are_content() -> None:
-    for text in ("The answer is 4.", "I'd write {x} here."):
+    for text in ("The answer is 4.", "I'd write {x} here.", 'Set {"a": 1} in the config.'):
         out = parse_completion(text, "llama3_json", TOOLS, ids())
         assert out.content == text and out.tool_calls == () and out.parse_error is None
     # A JSON answer to a request that offered no tools is an answer, not a malformed call.
     out = parse_completion('{"answer": 4}', "llama3_json", [], ids())
     assert out.content == '{"answer": 4}' and out.tool_calls == () and out.parse_error is None
+
+
+def test_llama3_json_calls_anywhere_in_the_text_are_read() -> None:
+    text = 'Running it: {"name": "edit", "parameters": {"path": "a.py"}} then {"name": "edit", "arguments": {}}.'
+    out = parse_completion(text, "llama3_json", TOOLS, ids())
+    assert [c.arguments for c in out.tool_calls] == [{"path": "a.py"}, {}] and out.content == ""
 
 
 @pytest.mark.parametrize(
@@ -153,10 +173,10 @@ def test_llama3_json_plain_answers_are_content() -> None:
         ('{"name": "edit", "parameters": {"path": ', "not JSON"),
         ('{"parameters": {}}', "lacks a string 'name'"),
         ('{"name": "edit", "parameters": [1]}', "not a JSON object"),
-        ('{"name": "edit", "parameters": {}} and then some prose', "separated by ';'"),
+        ('{"name": "edit"}', "lacks 'arguments' or 'parameters'"),
         ("Sure.<|python_tag|>", "no tool call"),
         ('<|python_tag|>{"name": "edit", "parameters": {"line": NaN}}', "NaN is not JSON"),
-        ("<|python_tag|>" + "[" * 5_000 + "]" * 5_000, "deep"),
+        ('<|python_tag|>{"name": "f", "parameters": ' + "[" * 5_000 + "]" * 5_000 + "}", "deep"),
     ],
 )
 def test_malformed_llama3_json_call_is_content_with_parse_error(text: str, error: str) -> None:

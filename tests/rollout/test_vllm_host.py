@@ -1,13 +1,14 @@
 """A rollout host on the real vLLM (set-up's CPU build), launched and supervised by
 the server (`engine.kind=vllm`), end to end over gRPC with Docker sandboxes: a
-lego trial through the proxy, UpdateWeights to a published version, and a
-`kill -9` of the engine mid-trial that the supervisor recovers from on the
-latest weights. What the engine serves is checked by its logprobs against
-transformers' (float32) on the checkpoint, never by a label alone.
+lego trial and a Claude Code trial through the proxy, UpdateWeights to a
+published version, a `kill -9` of the engine mid-trial that the supervisor
+recovers from on the latest weights, and an UpdateWeights that lands while a
+trial's completion is at the engine. What the engine serves is checked by its
+logprobs against transformers' (float32) on the checkpoint, never by a label alone.
 
 One vLLM serves the whole module (each start takes 60-90 s on CPU); the tests
 run in file order and build on each other's state: base weights, then the
-published version, then the restart after the crash.
+published version, then the restart after the crash, then the next version.
 """
 
 from __future__ import annotations
@@ -21,19 +22,25 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import grpc
 import pytest
 
+from legorl_jax.core.config import REPO_ROOT
 from legorl_jax.core.weight_layout import read_manifest
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_server.tasks import DEMO_TASKS_DIR
 
-from .stack import lego, rollout, rollout_request, server_config, task_variant, until
+from .stack import lego, rollout, rollout_request, server_config, task_variant, trial_containers, until
+from .test_cli_in_docker import CLIS, host_install
 from .vllm_host import BackgroundServer, Reference, max_abs_diff, sampled_logprob_diff
 
 pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.slow]
 
 VERSION = 5  # the published version the host is updated to
+AFTER = 6  # the version that lands mid-trial: the base weights, published again
+CONTEXT = 131072  # a real CLI's prompt runs to tens of thousands of demo-tokenizer tokens
 TOLERANCE = 2e-3  # vLLM (float32, CPU) against transformers (float32) on the same checkpoint
 # A fixed prompt, not the weight probe's own sequence (the host already checks that one).
 FIXED_TEXT = "def add(a, b):\n    return a + b\n\nprint(add(2, 3))  # five\n<|im_end|>"
@@ -45,6 +52,7 @@ FULL = dict(temperature=1.0, top_p=1.0, top_k=-1)
 class Assets:
     base: Path  # the checkpoint the host starts on
     version: Path  # VERSION as the learner publishes it, of another (sharper) model
+    after: Path  # AFTER: the base model as the learner publishes it
     fixed_ids: list[int]
     base_ref: Reference
     version_ref: Reference
@@ -60,14 +68,18 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Assets:
 
     root = tmp_path_factory.mktemp("vllm-host")
     # head_dim 32: the smallest vLLM's CPU attention takes.
-    base = build_tiny_hf_model(root / "base", seed=0, head_dim=32)
-    other = build_tiny_hf_model(root / "other", seed=3, head_dim=32, tokenizer_dir=base)
+    base = build_tiny_hf_model(root / "base", seed=0, head_dim=32, max_position_embeddings=CONTEXT)
+    other = build_tiny_hf_model(
+        root / "other", seed=3, head_dim=32, max_position_embeddings=CONTEXT, tokenizer_dir=base
+    )
     model = from_hf(other)
     # Sharper logits (tied head): a random model predicts near-uniformly, so two would differ too little to tell.
     model.embed_tokens.embedding.value = model.embed_tokens.embedding.value * 8.0
-    version = Path(DirectoryPublisher(root / "published", tokenizer_from=base).publish(model, VERSION))
+    publisher = DirectoryPublisher(root / "published", tokenizer_from=base)
+    version = Path(publisher.publish(model, VERSION))
+    after = Path(publisher.publish(from_hf(base), AFTER))
     ids = AutoTokenizer.from_pretrained(base)(FIXED_TEXT)["input_ids"]
-    return Assets(base, version, list(ids), Reference(base), Reference(version))
+    return Assets(base, version, after, list(ids), Reference(base), Reference(version))
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +88,11 @@ def host(assets: Assets) -> Iterator[BackgroundServer]:
         **{
             "engine.kind": "vllm",
             "engine.dtype": "float32",  # else vLLM's CPU build serves the float32 checkpoint as bfloat16
-            "engine.max_context": 4096,
+            "engine.max_context": CONTEXT,
             "tasks.demo": "false",
+            "proxy.max_total_tokens": 1_000_000,
+            "fleet.agent_timeout_s": 180,
+            **_cli_tools(),
         }
     )
     server = BackgroundServer(config, assets.base)
@@ -90,6 +105,12 @@ def host(assets: Assets) -> Iterator[BackgroundServer]:
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-host-tasks")
+
+
+def _cli_tools() -> dict[str, str]:
+    """Mounts for the Claude Code trial, where set-up installed it (its test fails or skips otherwise)."""
+    npm = REPO_ROOT / ".cache" / CLIS["claude-code"].install
+    return {"sandbox.harness_tools.npm_dir": str(npm)} if npm.is_dir() else {}
 
 
 def _request(name: str, root: Path, max_tokens: int, **lego_options: str) -> pb.RolloutRequest:
@@ -165,6 +186,29 @@ def test_a_lego_trial_samples_from_vllm_through_the_proxy(host: BackgroundServer
     _check_trial(trajectory, assets.base_ref, 0)
 
 
+@pytest.mark.npm
+def test_a_claude_code_trial_samples_from_vllm_through_the_proxy(
+    host: BackgroundServer, assets: Assets, docker_client: docker.DockerClient
+) -> None:
+    """The real CLI, its whole system prompt and tool list, rendered by the proxy and sampled by
+    vLLM: a random model solves nothing, and every token it sampled is captured with its logprob."""
+    host_install(CLIS["claude-code"])
+    request = pb.RolloutRequest(
+        request_id="vllm-claude-code",
+        tasks=[pb.TaskRef(location=str(DEMO_TASKS_DIR / "edit-config"))],
+        harness_configs=[pb.HarnessConfig(name="claude-code", config_id="claude-code")],
+        group_size=1,
+        sampling=pb.SamplingParams(max_tokens=48, **FULL),
+    )
+    trajectory = asyncio.run(rollout(host.address, request))["edit-config"]
+    assert trajectory.status == pb.TRIAL_STATUS_OK, trajectory.error
+    assert trajectory.HasField("reward") and trajectory.reward == 0.0  # graded by the verifier, and unearned
+    main = [s for s in trajectory.sequences if not s.side_call]
+    assert main and list(main[0].loss_mask).index(1) > 10_000  # its first prompt: the CLI's own, whole
+    _check_trial(trajectory, assets.base_ref, 0)
+    assert trial_containers(docker_client) == []
+
+
 def test_update_weights_serves_the_published_version(
     host: BackgroundServer, assets: Assets, tasks: Path, updated: pb.UpdateWeightsResponse
 ) -> None:
@@ -229,3 +273,50 @@ def test_a_killed_engine_ends_its_trial_and_comes_back_on_the_latest_weights(
     trajectory = asyncio.run(rollout(host.address, _request("vllm-after", tasks, 24)))["vllm-after"]
     assert trajectory.status in (pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_CAP_EXCEEDED), trajectory.error
     _check_trial(trajectory, assets.version_ref, VERSION)
+
+
+def test_an_update_mid_trial_splits_its_completion_by_version(
+    host: BackgroundServer, assets: Assets, tasks: Path
+) -> None:
+    """UpdateWeights over gRPC while the trial's first completion is at the engine (keep mode):
+    the completion goes on, its first tokens sampled by VERSION and the rest by AFTER, and the
+    Trajectory says so per token, each logprob from the weights that sampled it."""
+    assert _status(host).loaded_policy_version == VERSION
+    request = _request("vllm-in-flight", tasks, 1024)
+    request.sampling.seed = 11  # the same completion each run, long enough to be caught
+
+    def call_at_engine() -> bool:
+        started, answered = host.model_calls()
+        return started >= 1 and answered < started
+
+    async def update_mid_trial() -> tuple[pb.UpdateWeightsResponse, pb.Trajectory]:
+        trial = asyncio.create_task(rollout(host.address, request))
+        async with grpc.aio.insecure_channel(host.address) as channel:
+            stub = pb_grpc.RolloutServiceStub(channel)
+            await stub.GetStatus(pb.GetStatusRequest())  # connected now, so the update goes out at once
+            deadline = time.monotonic() + 120
+            while not call_at_engine():
+                assert not trial.done(), "the trial ended before its first model call was seen"
+                assert time.monotonic() < deadline, "gave up waiting for the trial's first model call"
+                await asyncio.sleep(0.002)
+            loaded = await stub.UpdateWeights(pb.UpdateWeightsRequest(version=AFTER, location=str(assets.after)))
+        return loaded, (await trial)["vllm-in-flight"]
+
+    loaded, trajectory = asyncio.run(update_mid_trial())
+    assert loaded.loaded_version == AFTER and loaded.update_path == "reload", loaded
+    assert trajectory.status in (pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_CAP_EXCEEDED), trajectory.error
+    first = trajectory.sequences[0]
+    assert first.policy_version == VERSION and first.unreported_version_tokens == 0
+    assert list(first.version_runs) == [VERSION, AFTER], list(first.version_runs)
+    before, since = first.version_run_lengths
+    # The split falls inside the first completion (its run of sampled tokens), not between calls.
+    mask = list(first.loss_mask)
+    start = mask.index(1)
+    first_completion = (mask[start:] + [0]).index(0)
+    assert 0 < before < first_completion, (before, first_completion)
+    count, diff = sampled_logprob_diff(first, assets.version_ref, slice(None, before))
+    assert count == before and diff < TOLERANCE, diff
+    count, diff = sampled_logprob_diff(first, assets.base_ref, slice(before, None))
+    assert count == since and diff < TOLERANCE, diff
+    assert all(list(s.version_runs) == [AFTER] for s in trajectory.sequences[1:])
+    _check_served(host, assets, assets.base_ref, assets.version_ref)

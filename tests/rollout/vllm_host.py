@@ -80,11 +80,14 @@ def max_abs_diff(a: Sequence[float | None], b: Sequence[float | None]) -> float:
     return max(d if math.isfinite(d) else math.inf for d in diffs)
 
 
-def sampled_logprob_diff(sequence: pb.TokenSequence, reference: Reference) -> tuple[int, float]:
-    """How many trained tokens `sequence` has, and the largest gap between their behaviour
-    logprobs and the reference's logprobs of the same tokens in the same context."""
+def sampled_logprob_diff(
+    sequence: pb.TokenSequence, reference: Reference, sampled: slice = slice(None)
+) -> tuple[int, float]:
+    """How many trained tokens `sequence` has (those `sampled` picks of them, in order), and
+    the largest gap between their behaviour logprobs and the reference's logprobs of the same
+    tokens in the same context."""
     ids = list(sequence.token_ids)
     expected = reference.logprobs(ids)
-    at = [i for i, m in enumerate(sequence.loss_mask) if m and i > 0]
+    at = [i for i, m in enumerate(sequence.loss_mask) if m and i > 0][sampled]
     got = [float(sequence.behavior_logprobs[i]) for i in at]
     return len(at), max_abs_diff(got, [expected[i - 1] for i in at])
