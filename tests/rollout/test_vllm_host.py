@@ -280,7 +280,8 @@ def test_an_update_mid_trial_splits_its_completion_by_version(
 ) -> None:
     """UpdateWeights over gRPC while the trial's first completion is at the engine (keep mode):
     the completion goes on, its first tokens sampled by VERSION and the rest by AFTER, and the
-    Trajectory says so per token, each logprob from the weights that sampled it."""
+    Trajectory says so per token, each logprob from the weights that sampled it. Those after
+    the update match AFTER on the whole context: no KV the old weights computed was kept."""
     assert _status(host).loaded_policy_version == VERSION
     request = _request("vllm-in-flight", tasks, 1024)
     request.sampling.seed = 11  # the same completion each run, long enough to be caught

@@ -1,9 +1,18 @@
-"""TEST INSTRUMENT: a stand-in `vllm` executable for machines without vLLM.
+"""TEST INSTRUMENT: a stand-in `vllm` executable, for what the real one cannot show here.
+
+The real vLLM (0.32, set-up's CPU build) runs in the suites that hold the
+project to it: tests/contract (the engine surface, the native reload, per-token
+labels on its generate route) and tests/rollout/test_vllm_host.py (a host on it:
+trials, updates mid-trial, a kill -9). This stand-in is kept only for (1) the
+versions that cannot be installed here: 0.33's per-token weight versions on
+/v1/completions, 0.17's older shapes; (2) faults a real server cannot be made
+to have on cue: a pause, reload or cache reset that fails; (3) slowed decoding
+to act mid-completion at an exact token.
 
 It is not vLLM and serves no real model. It speaks the part of vLLM's HTTP
 surface this project uses, so the launcher, supervisor and update protocol run
-for real against a process that behaves the way vLLM's source says vLLM does.
-Modelled on the wheels of vLLM 0.17.1 and 0.33.0 (read, never run here); each
+against a process that behaves the way vLLM's source says vLLM does.
+Modelled on the wheels of vLLM 0.17.1 and 0.33.0 (read, not run); each
 behaviour names the vLLM file it follows. `--version` (env
 STANDIN_VLLM_VERSION, default 0.33.0) selects which of the two it mimics where
 they differ: below 0.33 the 0.17.1 shapes, from 0.33 the 0.33.0 ones.
