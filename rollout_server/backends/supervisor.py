@@ -9,7 +9,6 @@ worker processes: stopping must take the whole group down, not just the parent.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import os
@@ -39,15 +38,8 @@ class LaunchPlan:
     url: str
 
 
-def _die_with_parent() -> None:
-    """In the child: ask Linux for SIGTERM when the supervising process dies, even by
-    SIGKILL, so an engine never outlives the trainer or server that started it."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-_PR_SET_PDEATHSIG = 1
+# Runs the engine's command so that the engine gets SIGTERM when this process dies.
+_DIE_WITH_PARENT = str(Path(__file__).with_name("die_with_parent.py"))
 
 
 class EngineStartError(RuntimeError):
@@ -130,12 +122,11 @@ class ProcessSupervisor:
     def _spawn(self) -> None:
         log.info("starting engine: %s", " ".join(self.plan.command))
         self._proc = subprocess.Popen(
-            self.plan.command,
+            [sys.executable, _DIE_WITH_PARENT, str(os.getpid()), *self.plan.command],
             env={**os.environ, **self.plan.env},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         threading.Thread(target=self._pump, args=(self._proc,), name="engine-log", daemon=True).start()
 

@@ -243,3 +243,44 @@ def test_embedded_plan_is_a_valid_legorl_serve_command_line() -> None:
     assert plan.url == "http://127.0.0.1:8200"
     later = embedded_plan(EngineConfig(kind="embedded", port=8200), "/m", "/m", weights_dir="/w/v3")
     assert build_parser().parse_args(later.command[3:]).model == "/w/v3"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # dead, waiting to be reaped
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_an_engine_does_not_outlive_the_process_that_started_it() -> None:
+    """The supervisor starts engines through die_with_parent.py; a SIGKILL of the parent
+    (which runs no clean-up) still takes the engine down."""
+    import subprocess
+
+    from rollout_server.backends import supervisor
+
+    parent_code = (
+        "import os, subprocess, sys, time\n"
+        f"guard = {supervisor._DIE_WITH_PARENT!r}\n"
+        "child = subprocess.Popen([sys.executable, guard, str(os.getpid()), 'sleep', '300'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        engine = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{engine}/cmdline").read().split("\0")[0] != "sleep":  # exec'd into the command
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while not _gone(engine):
+            assert time.monotonic() < deadline, "the engine outlived its parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
