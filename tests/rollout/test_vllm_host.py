@@ -91,6 +91,7 @@ def host(assets: Assets) -> Iterator[BackgroundServer]:
             "engine.max_context": CONTEXT,
             "tasks.demo": "false",
             "proxy.max_total_tokens": 1_000_000,
+            "proxy.max_model_calls": 8,  # a CLI answered by a random model may come back a few times
             "fleet.agent_timeout_s": 180,
             **_cli_tools(),
         }
@@ -201,7 +202,7 @@ def test_a_claude_code_trial_samples_from_vllm_through_the_proxy(
         sampling=pb.SamplingParams(max_tokens=48, **FULL),
     )
     trajectory = asyncio.run(rollout(host.address, request))["edit-config"]
-    assert trajectory.status == pb.TRIAL_STATUS_OK, trajectory.error
+    assert trajectory.status in (pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_CAP_EXCEEDED), trajectory.error
     assert trajectory.HasField("reward") and trajectory.reward == 0.0  # graded by the verifier, and unearned
     main = [s for s in trajectory.sequences if not s.side_call]
     assert main and list(main[0].loss_mask).index(1) > 10_000  # its first prompt: the CLI's own, whole
