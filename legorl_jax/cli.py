@@ -22,6 +22,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "run a rollout host: engine, proxy, sandboxes, gRPC service",
     ),
     "convert": ("legorl_jax.commands.convert_cmd", "convert a model between HF checkpoint directories and Orbax"),
+    "plan": (
+        "legorl_jax.commands.plan_cmd",
+        "compile a run's learner for a TPU slice here: memory per chip, step time",
+    ),
 }
 
 

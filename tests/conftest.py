@@ -1,8 +1,8 @@
 """Shared test plumbing.
 
-Tests marked `docker`, `npm`, `browser` or `vllm` need a real Docker engine,
-Node.js harness CLIs, Chromium with chromedriver, or vLLM (set-up installs its
-CPU build in .cache/vllm-venv). Locally they skip with a reason
+Tests marked `docker`, `npm`, `browser`, `vllm` or `libtpu` need a real Docker
+engine, Node.js harness CLIs, Chromium with chromedriver, vLLM (set-up installs its
+CPU build in .cache/vllm-venv) or libtpu (set-up: .cache/libtpu). Locally they skip with a reason
 when those are missing; with CI=true they fail instead, so a CI run can never
 pass by skipping them.
 """
@@ -57,7 +57,21 @@ def _vllm_available() -> str | None:
     return None
 
 
-_CHECKS = {"docker": _docker_available, "npm": _npm_available, "browser": _browser_available, "vllm": _vllm_available}
+def _libtpu_available() -> str | None:
+    from legorl_jax.core.config import cache_root
+    from legorl_jax.train.plan import LIBTPU_DIR
+
+    path = cache_root() / LIBTPU_DIR / "libtpu"
+    return None if path.is_dir() else f"no libtpu at {path} (run ./scripts/setup)"
+
+
+_CHECKS = {
+    "docker": _docker_available,
+    "npm": _npm_available,
+    "browser": _browser_available,
+    "vllm": _vllm_available,
+    "libtpu": _libtpu_available,
+}
 _cache: dict[str, str | None] = {}
 
 

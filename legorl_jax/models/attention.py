@@ -55,8 +55,11 @@ compares what "auto" picks with XLA on the machine it runs on.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
+from collections.abc import Iterator
 from functools import partial
 from typing import Literal, get_args
 
@@ -83,10 +86,27 @@ _BACKEND_OF = {"cudnn": ("gpu", "an NVIDIA GPU"), "splash": ("tpu", "a TPU")}
 _TILES = (512, 256, 128)
 
 
+# The platform programs are compiled for, when it is not this process's own (`compile_target`).
+_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention_compile_target", default=None)
+
+
+@contextlib.contextmanager
+def compile_target(platform: str) -> Iterator[None]:
+    """Within it, kernels are chosen for `platform` ("tpu", "gpu", "cpu") rather than for
+    the process's default backend: a plan traced on a CPU for a TPU must use the TPU's
+    kernels (splash), as the real run would (`legorl plan`)."""
+    token = _TARGET.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
+
+
 def resolve_kernel(
     kernel: AttentionKernel, dtype: jnp.dtype, head_dim: int, seq_len: int | None = None
 ) -> Implementation:
-    """The implementation `kernel` stands for on this process's default backend.
+    """The implementation `kernel` stands for on the compile target (`compile_target`;
+    by default this process's default backend).
 
     seq_len is the row length of a training-shaped call (see the module
     docstring); None says the call is not one, which rules splash and
@@ -94,7 +114,7 @@ def resolve_kernel(
     """
     if kernel not in get_args(AttentionKernel):
         raise ValueError(f"attention_kernel must be one of {get_args(AttentionKernel)}, got {kernel!r}")
-    backend = jax.default_backend()
+    backend = _TARGET.get() or jax.default_backend()
     if kernel in _BACKEND_OF and backend != _BACKEND_OF[kernel][0]:
         raise ValueError(f"attention_kernel={kernel!r} needs {_BACKEND_OF[kernel][1]}; this process runs on {backend}")
     if kernel in ("splash", "blockwise") and (seq_len is None or tile_size(seq_len) is None):

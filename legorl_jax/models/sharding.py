@@ -9,6 +9,7 @@ never sharded so `lax.scan` slices a layer locally.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -37,11 +38,13 @@ _RULES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 )
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, expert: int = 1) -> Mesh:
-    """A 4-axis mesh over all devices; one axis may be -1 to take the rest."""
+def make_mesh(
+    data: int = 1, fsdp: int = -1, tensor: int = 1, expert: int = 1, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
+    """A 4-axis mesh over `devices` (default: all of this job's); one axis may be -1 to take the rest."""
     sizes = [data, fsdp, tensor, expert]
     named = dict(zip(MESH_AXES, sizes, strict=True))
-    n = jax.device_count()
+    n = len(devices) if devices is not None else jax.device_count()
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise ValueError(f"mesh sizes must be positive with at most one -1, got {named}")
     known = int(np.prod([s for s in sizes if s != -1]))
@@ -54,7 +57,7 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, expert: int = 1) -
         raise ValueError(f"mesh {named} needs {int(np.prod(sizes))} devices, have {n}")
     # Auto axes: XLA propagates shardings through the model; explicit axes
     # would demand an out_sharding on every gather and einsum.
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
 def partition_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:

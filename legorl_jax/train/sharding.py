@@ -10,6 +10,7 @@ only the shards its own devices hold.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -22,15 +23,15 @@ from legorl_jax.models import batch_sharding, make_mesh, partition_spec
 Params = dict[str, Any]  # nested dict of arrays, the pure-dict form of nnx.State
 
 
-def learner_mesh(cfg: MeshConfig) -> Mesh:
-    """The configured mesh over all (global) devices, with Auto axis types.
+def learner_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The configured mesh over `devices` (default: all global ones), with Auto axis types.
 
     jax.make_mesh defaults to Explicit axes (sharding in types), under which
     every gather in the model would need an explicit out_sharding; with Auto
     axes the explicit shardings sit on the step's inputs/outputs and XLA's
     propagation places the activations.
     """
-    explicit = make_mesh(cfg.data, cfg.fsdp, cfg.tensor, cfg.expert)
+    explicit = make_mesh(cfg.data, cfg.fsdp, cfg.tensor, cfg.expert, devices=devices)
     return Mesh(explicit.devices, explicit.axis_names, axis_types=(AxisType.Auto,) * len(explicit.axis_names))
 
 

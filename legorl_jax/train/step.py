@@ -21,6 +21,7 @@ per-token logprobs (`StepResult`, left on device until asked for), which
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +85,9 @@ class Learner:
     """Parameters, optimizer state and the jitted step functions of one policy.
 
     The reference policy for the KL term (only kept when `rl.kl_coef > 0`) is the
-    policy the learner starts from.
+    policy the learner starts from. Built from an abstract model (`nnx.eval_shape`:
+    shapes, no arrays) the learner holds only shapes and shardings: its step
+    functions can then be lowered and compiled, not run (`legorl plan`).
     """
 
     def __init__(
@@ -98,14 +101,19 @@ class Learner:
         self.param_sh = param_shardings(params, mesh)
         # Copies, not aliases: updates donate (free) the learner's buffers, and the
         # caller's model (or the reference policy) must survive them.
+        abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
+
+        def place(fn: Any, *args: Any) -> Any:  # jitted `fn` run, or only its output shapes when abstract
+            return fn.eval_shape(*args) if abstract else fn(*args)
+
         copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_sh)
-        self.params = copy(params)
-        self._rest = jax.device_put(rest, replicated(mesh))
+        self.params = place(copy, params)
+        self._rest = place(jax.jit(lambda r: r, out_shardings=replicated(mesh)), rest)
         self.tx = build_optimizer(learner.optimizer)
         self.schedule = learning_rate_schedule(learner.optimizer)
         self.opt_sh = like_params(jax.eval_shape(self.tx.init, self.params), self.params, self.param_sh, mesh)
-        self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_sh)(self.params)
-        self.ref_params = copy(self.params) if rl.kl_coef > 0 else None
+        self.opt_state = place(jax.jit(self.tx.init, out_shardings=self.opt_sh), self.params)
+        self.ref_params = place(copy, self.params) if rl.kl_coef > 0 else None
         ref_sh = self.param_sh if self.ref_params is not None else None
         self.step = 0
         rep = replicated(mesh)

@@ -1,0 +1,115 @@
+"""`legorl plan`: the learner compiled for a TPU slice by libtpu on this CPU machine.
+
+The compiles run in a `legorl plan` subprocess, as a user runs it: libtpu must be on
+the path before JAX starts, and this test process's JAX is already up on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from legorl_jax.core.config import REPO_ROOT
+from legorl_jax.train.tpu_chips import parse_topology
+
+
+@pytest.mark.parametrize(
+    "name, libtpu_name, chips",
+    [
+        ("v5p-8", "v5p:2x2x1", 4),  # v5p and v4 slices count TensorCores, two per chip
+        ("v5p-64", "v5p:2x4x4", 32),
+        ("v4-32", "v4:2x2x4", 16),
+        ("v6e-64", "v6e:8x8", 64),  # v5e and v6e count chips
+        ("v5e-8", "v5e:2x4", 8),
+        ("v5p:4x4x2", "v5p:4x4x2", 32),
+    ],
+)
+def test_slice_names_become_libtpu_topologies(name: str, libtpu_name: str, chips: int) -> None:
+    topology = parse_topology(name)
+    assert (topology.name, topology.chips) == (libtpu_name, chips)
+
+
+@pytest.mark.parametrize("bad", ["v5p", "v7x-8", "v5p-7", "v6e:4x4x4", "v5p-24", "tpu-8"])
+def test_bad_slice_names_are_refused_with_examples(bad: str) -> None:
+    with pytest.raises(ValueError, match="topology"):
+        parse_topology(bad)
+
+
+def _plan(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    out = tmp_path / "plan.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "legorl_jax.cli", "plan", *args, "--json", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert run.returncode in (0, 1), run.stderr[-3000:]
+    return run.returncode, json.loads(out.read_text()), run.stdout
+
+
+# A small Qwen3 with the shapes splash takes: head_dim 128, a 1,024-token row.
+SMALL = {
+    "model_type": "qwen3",
+    "vocab_size": 1024,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 128,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.mark.libtpu
+def test_a_small_qwen3_step_compiles_for_a_v5p_slice_with_splash(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL))
+    code, plan, stdout = _plan(
+        tmp_path,
+        "--topology",
+        "v5p-8",
+        "--model-config",
+        str(config),
+        "--set",
+        "learner.length_buckets=[1024]",
+        "--set",
+        "learner.micro_batch_tokens=4096",
+        "--set",
+        "model.compute_dtype=bfloat16",
+    )
+    assert code == 0 and plan["fits"] and plan["platform"] == "tpu" and plan["devices"] == 4
+    programs = {p["name"]: p for p in plan["programs"]}
+    assert set(programs) == {"micro_step[4x1024]", "micro_step[4x1024, tree rows]", "optimizer_update"}
+    # Plain rows run splash attention, a Mosaic kernel compiled for the TPU; tree rows (a
+    # prefix-chain mask splash cannot express) run the blockwise kernel in plain XLA.
+    assert "tpu_custom_call" in programs["micro_step[4x1024]"]["kernels"]
+    assert "tpu_custom_call" not in programs["micro_step[4x1024, tree rows]"]["kernels"]
+    # fsdp over the four chips: parameters are gathered and gradients reduced.
+    assert programs["micro_step[4x1024]"]["collectives"]
+    assert 0 < plan["hbm_peak_bytes_per_device"] < plan["hbm_capacity_bytes_per_device"] == 95 * 2**30
+    assert plan["flops_per_step"] > 0 and plan["estimated_step_s"] > 0 and 0 < plan["estimated_mfu"] < 1
+    assert "fits" in stdout
+
+
+@pytest.mark.libtpu
+@pytest.mark.slow
+def test_the_qwen3_8b_config_fits_its_v5p_slice(tmp_path: Path) -> None:
+    code, plan, stdout = _plan(
+        tmp_path,
+        "--config",
+        str(REPO_ROOT / "configs" / "qwen3_8b_v5p.yaml"),
+        "--topology",
+        "v5p-64",
+        "--model-config",
+        str(REPO_ROOT / "configs" / "hf" / "qwen3-8b.json"),
+    )
+    assert code == 0 and plan["fits"], stdout
+    assert plan["chips"] == 32 and plan["hbm_peak_bytes_per_device"] < plan["hbm_capacity_bytes_per_device"]
