@@ -60,7 +60,7 @@ def _key(request: Request) -> str | None:
 async def _body(request: Request) -> Any:
     raw = await request.body()
     try:
-        return jsonio.loads(raw)
+        return jsonio.harness_loads(raw)
     except ValueError as exc:
         raise invalid(f"request body is not valid JSON: {exc}") from exc
 
