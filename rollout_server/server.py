@@ -27,6 +27,7 @@ from pathlib import Path
 import grpc
 import uvicorn
 
+from legorl_jax.core import log_redaction
 from legorl_jax.core.config import Config, ConfigError, EngineConfig
 from legorl_jax.core.grpc_auth import client_security, server_security
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
@@ -130,6 +131,7 @@ class RolloutServer:
     def __init__(
         self, config: Config, model_dir: str | Path, *, address: str = "127.0.0.1:0", insecure_no_auth: bool = False
     ) -> None:
+        log_redaction.install()  # its proxy's session keys are in URLs its harnesses' clients log
         self.config = config
         self.model_dir = Path(model_dir)
         self.address = address

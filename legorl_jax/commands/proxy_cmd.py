@@ -16,6 +16,7 @@ from typing import Any
 
 from legorl_jax.commands import add_config_arguments
 from legorl_jax.commands.serve_cmd import add_shutdown_grace_argument, seconds_arg
+from legorl_jax.core import log_redaction
 
 DEFAULT_ENGINE_WAIT_S = 120.0
 # Seconds between the engine wait's tries, and between its progress lines.
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     if args.chat_template is not None:
         config.proxy.chat_template = args.chat_template
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_redaction.configure(logging.INFO)
     # The model's files first: a mistake there is reported at once, not after the engine wait.
     try:
         template = load_template(args.model, config.proxy)

@@ -7,6 +7,8 @@ import logging
 import math
 from pathlib import Path
 
+from legorl_jax.core import log_redaction
+
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 
 
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from legorl_jax.serve.drain import serve
     from legorl_jax.serve.loader import WeightsError, load_served_model
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_redaction.configure(logging.INFO)
     try:
         served = load_served_model(
             args.model,

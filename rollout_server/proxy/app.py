@@ -26,6 +26,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Receive, Scope, Send
 
+from legorl_jax.core import log_redaction
 from rollout_server.proxy import jsonio, sse
 from rollout_server.proxy.admin import admin_routes
 from rollout_server.proxy.dialects import Dialect
@@ -93,6 +94,8 @@ class _SSEStream(StreamingResponse):
 
 class ProxyApp:
     def __init__(self, core: ProxyCore, *, keepalive_s: float = 15.0, admin_token: str | None = None) -> None:
+        log_redaction.install()  # session keys are in the URLs uvicorn and clients log
+        log_redaction.add_secret(admin_token)
         self.core = core
         self.keepalive_s = keepalive_s
         self.admin_token = admin_token
