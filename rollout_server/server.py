@@ -200,7 +200,7 @@ class RolloutServer:
             token_route=self.engine.token_route,
         )
         self._clients.append(core.engine)
-        app = build_app(core, keepalive_s=cfg.proxy.keepalive_s)
+        app = build_app(core, keepalive_s=cfg.proxy.keepalive_s, max_request_bytes=cfg.proxy.max_request_bytes)
         self._proxy = _ProxyServer(
             uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=_PROXY_SHUTDOWN_S)
         )

@@ -150,7 +150,12 @@ def run(args: argparse.Namespace) -> int:
         unit_temperature_prompt_logprobs=card.get("owned_by") != "legorl",
     )
     admin_token = args.admin_token or secrets.token_urlsafe(24)
-    app = build_app(core, keepalive_s=config.proxy.keepalive_s, admin_token=admin_token)
+    app = build_app(
+        core,
+        keepalive_s=config.proxy.keepalive_s,
+        admin_token=admin_token,
+        max_request_bytes=config.proxy.max_request_bytes,
+    )
     if not args.admin_token:
         print(f"legorl proxy: admin token {admin_token}", file=sys.stderr, flush=True)
     print(
