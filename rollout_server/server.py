@@ -27,6 +27,7 @@ from pathlib import Path
 import grpc
 import uvicorn
 
+from legorl_jax.core import log_redaction
 from legorl_jax.core.config import Config, ConfigError, EngineConfig
 from legorl_jax.core.grpc_auth import client_security, server_security
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
@@ -130,6 +131,7 @@ class RolloutServer:
     def __init__(
         self, config: Config, model_dir: str | Path, *, address: str = "127.0.0.1:0", insecure_no_auth: bool = False
     ) -> None:
+        log_redaction.install()  # its proxy's session keys are in URLs its harnesses' clients log
         self.config = config
         self.model_dir = Path(model_dir)
         self.address = address
@@ -198,7 +200,7 @@ class RolloutServer:
             token_route=self.engine.token_route,
         )
         self._clients.append(core.engine)
-        app = build_app(core, keepalive_s=cfg.proxy.keepalive_s)
+        app = build_app(core, keepalive_s=cfg.proxy.keepalive_s, max_request_bytes=cfg.proxy.max_request_bytes)
         self._proxy = _ProxyServer(
             uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=_PROXY_SHUTDOWN_S)
         )

@@ -16,6 +16,7 @@ from typing import Any
 
 from legorl_jax.commands import add_config_arguments
 from legorl_jax.commands.serve_cmd import add_shutdown_grace_argument, seconds_arg
+from legorl_jax.core import log_redaction
 
 DEFAULT_ENGINE_WAIT_S = 120.0
 # Seconds between the engine wait's tries, and between its progress lines.
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     if args.chat_template is not None:
         config.proxy.chat_template = args.chat_template
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_redaction.configure(logging.INFO)
     # The model's files first: a mistake there is reported at once, not after the engine wait.
     try:
         template = load_template(args.model, config.proxy)
@@ -149,7 +150,12 @@ def run(args: argparse.Namespace) -> int:
         unit_temperature_prompt_logprobs=card.get("owned_by") != "legorl",
     )
     admin_token = args.admin_token or secrets.token_urlsafe(24)
-    app = build_app(core, keepalive_s=config.proxy.keepalive_s, admin_token=admin_token)
+    app = build_app(
+        core,
+        keepalive_s=config.proxy.keepalive_s,
+        admin_token=admin_token,
+        max_request_bytes=config.proxy.max_request_bytes,
+    )
     if not args.admin_token:
         print(f"legorl proxy: admin token {admin_token}", file=sys.stderr, flush=True)
     print(

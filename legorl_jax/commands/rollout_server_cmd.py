@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 from legorl_jax.commands import add_config_arguments
+from legorl_jax.core import log_redaction
 
 
 def _seconds(text: str) -> float:
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     model_dir = args.model or config.model.path
     if model_dir is None:
         raise ConfigError("no model: pass --model DIR or set model.path")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_redaction.configure(logging.INFO)
     server = RolloutServer(config, model_dir, address=args.address, insecure_no_auth=args.insecure_no_auth)
     asyncio.run(server.serve_forever(args.drain_s))
     return 0

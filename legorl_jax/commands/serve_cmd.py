@@ -7,6 +7,9 @@ import logging
 import math
 from pathlib import Path
 
+from legorl_jax.core import log_redaction
+from legorl_jax.core.body_limit import DEFAULT_MAX_REQUEST_BYTES
+
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 
 
@@ -64,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write logprob tokens as 'token_id:<id>' (vLLM's flag of the same name)",
     )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        metavar="N",
+        help=f"largest request body taken (/v1/completions, /tokenize, ...); larger ones get 413 "
+        f"(default: {DEFAULT_MAX_REQUEST_BYTES})",
+    )
     add_shutdown_grace_argument(parser)
 
 
@@ -78,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from legorl_jax.serve.drain import serve
     from legorl_jax.serve.loader import WeightsError, load_served_model
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_redaction.configure(logging.INFO)
     try:
         served = load_served_model(
             args.model,
@@ -94,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
     except WeightsError as exc:
         raise SystemExit(f"legorl serve: {exc}") from None
     try:
-        app = create_app(served, return_tokens_as_token_ids=args.return_tokens_as_token_ids)
+        app = create_app(
+            served,
+            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+            max_request_bytes=args.max_request_bytes,
+        )
         serve(app, grace_s=args.shutdown_grace_s, host=args.host, port=args.port, log_level="info", lifespan="off")
     finally:
         served.engine.shutdown()

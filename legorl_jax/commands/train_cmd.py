@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from legorl_jax.commands import add_config_arguments
+from legorl_jax.core import log_redaction
 
 if TYPE_CHECKING:
     from legorl_jax.train.loop import Trainer
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from legorl_jax.wiring import trainer as build_trainer
 
     config = load_config(args.config, args.overrides)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_redaction.configure(logging.WARNING)
     logging.getLogger("legorl_jax").setLevel(logging.INFO)
     if args.verbose:
         logging.getLogger("rollout_server").setLevel(logging.INFO)

@@ -14,6 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
+from legorl_jax.core.body_limit import DEFAULT_MAX_REQUEST_BYTES
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "demo.yaml"
@@ -260,6 +262,11 @@ class ProxyConfig(SessionCaps):
     )
     max_sessions: int = Field(
         4096, gt=0, description="Live sessions kept at most; the admin API answers 429 past it until some are deleted."
+    )
+    max_request_bytes: int = Field(
+        DEFAULT_MAX_REQUEST_BYTES,
+        gt=0,
+        description="Largest request body taken (model calls, token counts, admin); larger ones get 413.",
     )
 
     def session_caps(self) -> SessionCaps:

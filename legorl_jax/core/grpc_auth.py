@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from legorl_jax.core import log_redaction
 from legorl_jax.core.config import ConfigError, GrpcSecurityConfig
 
 log = logging.getLogger(__name__)
@@ -50,18 +51,19 @@ def _read_pem(path: str, field: str) -> bytes:
 
 
 def read_token(cfg: GrpcSecurityConfig) -> str | None:
-    """The bearer token `cfg` names, or None when auth is off."""
+    """The bearer token `cfg` names, or None when auth is off; from here on no log line shows it."""
     if cfg.token_env:
         token = os.environ.get(cfg.token_env, "").strip()
         if not token:
             raise ConfigError(f"{_SECTION}.token_env: environment variable {cfg.token_env} is unset or empty")
-        return token
-    if cfg.token_file:
+    elif cfg.token_file:
         token = _read_file(cfg.token_file, "token_file").decode("utf-8", errors="replace").strip()
         if not token:
             raise ConfigError(f"{_SECTION}.token_file: {cfg.token_file} is empty")
-        return token
-    return None
+    else:
+        return None
+    log_redaction.add_secret(token)
+    return token
 
 
 # ------------------------------------------------------------------ server --

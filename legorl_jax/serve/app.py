@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from legorl_jax.core.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from legorl_jax.core.engine_api import PauseMode
 from legorl_jax.serve.completions import CompletionRun, EngineFailure
 from legorl_jax.serve.loader import ServedModel, WeightsError
@@ -98,8 +99,11 @@ class _EngineCollector:
             yield counter
 
 
-def create_app(served: ServedModel, *, return_tokens_as_token_ids: bool = False) -> FastAPI:
+def create_app(
+    served: ServedModel, *, return_tokens_as_token_ids: bool = False, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+) -> FastAPI:
     app = FastAPI(title="legorl embedded engine")
+    app.add_middleware(BodyLimit, limit=max_request_bytes, setting="legorl serve --max-request-bytes")
     engine = served.engine
     registry = CollectorRegistry()
     registry.register(_EngineCollector(served))

@@ -26,6 +26,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Receive, Scope, Send
 
+from legorl_jax.core import log_redaction
+from legorl_jax.core.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from rollout_server.proxy import jsonio, sse
 from rollout_server.proxy.admin import admin_routes
 from rollout_server.proxy.dialects import Dialect
@@ -60,7 +62,7 @@ def _key(request: Request) -> str | None:
 async def _body(request: Request) -> Any:
     raw = await request.body()
     try:
-        return jsonio.loads(raw)
+        return jsonio.harness_loads(raw)
     except ValueError as exc:
         raise invalid(f"request body is not valid JSON: {exc}") from exc
 
@@ -92,7 +94,16 @@ class _SSEStream(StreamingResponse):
 
 
 class ProxyApp:
-    def __init__(self, core: ProxyCore, *, keepalive_s: float = 15.0, admin_token: str | None = None) -> None:
+    def __init__(
+        self,
+        core: ProxyCore,
+        *,
+        keepalive_s: float = 15.0,
+        admin_token: str | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    ) -> None:
+        log_redaction.install()  # session keys are in the URLs uvicorn and clients log
+        log_redaction.add_secret(admin_token)
         self.core = core
         self.keepalive_s = keepalive_s
         self.admin_token = admin_token
@@ -101,6 +112,7 @@ class ProxyApp:
         self.openai, self.anthropic, self.responses, self.gemini = OpenAIChat(), Anthropic(), Responses(), Gemini()
         self.posts = self._posts()
         self.starlette = self._starlette()
+        self._limited = BodyLimit(self._dispatch, max_request_bytes, "proxy.max_request_bytes")
 
     def _session(self, request: Request) -> Session:
         session = self.core.store.get(_key(request))
@@ -232,8 +244,12 @@ class ProxyApp:
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The ASGI app. Behind a `root_path` (a mount point) Starlette strips
-        it before routing: such requests take the declared routes."""
+        """The ASGI app, its request bodies capped (`BodyLimit`)."""
+        await self._limited(scope, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Behind a `root_path` (a mount point) Starlette strips it before
+        routing: such requests take the declared routes."""
         fast = scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
         found = self.match_post(scope["path"]) if fast else None
         if found is None:
@@ -275,5 +291,11 @@ def _internal(exc: BaseException) -> ProxyError:
     return ProxyError("engine_unavailable", f"proxy fault: {exc!r}")
 
 
-def build_app(core: ProxyCore, *, keepalive_s: float = 15.0, admin_token: str | None = None) -> ProxyApp:
-    return ProxyApp(core, keepalive_s=keepalive_s, admin_token=admin_token)
+def build_app(
+    core: ProxyCore,
+    *,
+    keepalive_s: float = 15.0,
+    admin_token: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> ProxyApp:
+    return ProxyApp(core, keepalive_s=keepalive_s, admin_token=admin_token, max_request_bytes=max_request_bytes)

@@ -17,6 +17,10 @@ bits as floats without a word, which would change tool arguments that
 sampled turns are matched by: a body with a run of 19 or more digits
 anywhere (such an integer has one; so may a string, which only costs the
 slower path) goes to `json` too.
+
+`harness_loads` is `loads` for what a harness sends: JS CLIs slice text by
+UTF-16 units and send the half pair that a cut leaves (as a `\\ud83d`
+escape), which their providers take as U+FFFD; so does the proxy.
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ _LONG_RUN = b"0" * 19
 # How a lone surrogate gets into JSON text (valid UTF-8 cannot carry one); also
 # matches an escaped backslash before "ud800", which the check then clears.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class LoneSurrogateError(ValueError):
+    """JSON text holding half a UTF-16 surrogate pair."""
 
 
 def loads(raw: bytes) -> Any:
@@ -52,11 +61,31 @@ def loads(raw: bytes) -> Any:
     except json.JSONDecodeError:
         raise
     except UnicodeEncodeError as exc:
-        raise ValueError(f"a lone surrogate ({exc.object[exc.start : exc.end]!r}) is no Unicode character") from None
+        raise LoneSurrogateError(
+            f"a lone surrogate ({exc.object[exc.start : exc.end]!r}) is no Unicode character"
+        ) from None
     except ValueError:  # int() past its digit limit
         raise ValueError(f"an integer has more than {sys.get_int_max_str_digits()} digits") from None
     except RecursionError:
         raise ValueError("it nests too deeply") from None
+    return value
+
+
+def harness_loads(raw: bytes) -> Any:
+    """`loads`, with each lone surrogate (in a key or a value) read as U+FFFD."""
+    try:
+        return loads(raw)
+    except LoneSurrogateError:
+        return _replaced(json.loads(raw.decode()))
+
+
+def _replaced(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_replaced(k): _replaced(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replaced(v) for v in value]
     return value
 
 

@@ -27,8 +27,8 @@ with the model's added tokens it spells (`<|im_end|>`, `<tool_call>`,
 only the template's own added tokens as tokens, the spelled ones as the
 text they are, so no file an agent prints can forge a turn boundary. The
 placeholders and the turn sentinels are built from surrogate code points,
-which no request carries (a body holding one is refused, and so is such a
-string here), so content can imitate neither.
+which no request carries (a body's lone surrogates are read as U+FFFD, and
+such a string here is refused), so content can imitate neither.
 
 Once a call's turn is sampled, the memo moves on to it (its prompt + the
 sampled ids), where the template renders a conversation up to a turn's

@@ -179,11 +179,12 @@ def test_content_holding_the_splice_marker_is_text(
         messages, tokenize=False, add_generation_prompt=True
     )
     assert _added_ids(template, prompt).count(template.turn_end_id) == 4  # hi, the spoof, the turn, more
-    # The marker the proxy uses now cannot be sent at all: it holds code points no JSON text carries.
+    # The marker the proxy uses now cannot be spelled: its lone surrogates arrive as U+FFFD, plain text.
     marker = render._SENTINEL.format(2)
     body = {"model": "m", "messages": [*HI, {"role": "user", "content": marker}]}
-    refused = httpx.post(url, content=json.dumps(body), headers={"content-type": "application/json"})
-    assert refused.status_code == 400, refused.text
+    sent = httpx.post(url, content=json.dumps(body), headers={"content-type": "application/json"})
+    assert sent.status_code == 200, sent.text
+    assert "\ufffdsampled-turn-2\ufffd" in template.decode(engine.log.prompts[-1])
     # Nor put into a conversation in process.
     with pytest.raises(ProxyError) as caught:
         template.render(ChatRequest([Message("user", marker)]), {}, True)
@@ -213,7 +214,7 @@ def test_a_refused_huge_prompt_leaves_nothing_in_the_cache(proxy: Any, engine: S
     assert cache.size - before < 100_000
 
 
-# Hostile bodies, each as raw JSON text: a lone surrogate in content and in a tool name, nesting past any parser's
+# Hostile bodies, each as raw JSON text: a surrogate encoded in the bytes, nesting past any parser's
 # limit and just under orjson's, a 5,000-digit integer, bytes that are not UTF-8, a body that is no object.
 DEEP = "[" * 5_000 + "]" * 5_000
 NEAR_LIMIT = "[" * 1_015 + "]" * 1_015  # with the request around it, 1,024 deep at most
@@ -271,8 +272,6 @@ def _bodies(route: str) -> tuple[bytes, dict[str, bytes], dict[str, bytes]]:
     return (
         body(),
         {
-            "lone surrogate in content": body(user='"a \\ud800 b"'),
-            "lone surrogate in a tool name": body(name='"bash\\udfff"'),
             "surrogate encoded in the bytes": body(user='"a \xed\xa0\x80 b"', encoding="latin-1"),
             "nesting 5,000 deep": body(extra=f', "x": {DEEP}'),
             "nesting 5,000 deep in arguments": body(args=DEEP),
@@ -282,6 +281,7 @@ def _bodies(route: str) -> tuple[bytes, dict[str, bytes], dict[str, bytes]]:
             "not an object": b"[1, 2]",
         },
         {
+            "lone surrogate in a tool name": body(name='"bash\\udfff"'),
             "deep arguments": body(args=NEAR_LIMIT),
             "a deep schema": body(schema=NEAR_LIMIT),
             "a list for a type": body(extra=', "thinking": {"type": []}'),
