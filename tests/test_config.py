@@ -135,3 +135,36 @@ def test_a_bad_base_is_a_config_error(tmp_path: Path, text: str, message: str) -
     config.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_config(config)
+
+
+def _command_config(*argv: str) -> Config:
+    """The config `legorl <argv>` runs with, parsed by the real CLI parser."""
+    from legorl_jax.cli import build_parser
+    from legorl_jax.commands import load_command_config
+
+    return load_command_config(build_parser().parse_args(list(argv)))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("proxy", "--engine-url", "http://127.0.0.1:1", "--model", "m", "--admin-token", "t"),
+        ("rollout-server", "--model", "m"),
+    ],
+)
+def test_standalone_services_default_to_real_session_sizes(argv: tuple[str, ...]) -> None:
+    # A Claude Code prompt is 20k+ tokens; a session of a dozen calls without a shared prefix must fit.
+    config = _command_config(*argv)
+    caps = config.proxy
+    assert caps.max_model_calls >= 12 and caps.max_total_tokens >= 12 * 20_000
+    assert caps.max_wall_s >= 1800
+    demo = load_config(DEFAULT_CONFIG)
+    assert config.engine.max_context != demo.engine.max_context
+    assert not config.sandbox.allow_local_fallback
+
+
+def test_train_and_eval_still_default_to_the_demo() -> None:
+    demo = load_config(DEFAULT_CONFIG)
+    for argv in (("train",), ("eval", "--model", "m"), ("config", "show")):
+        config = _command_config(*argv)
+        assert config.proxy == demo.proxy and config.engine.max_context == 2048, argv

@@ -7,7 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from legorl_jax.commands import add_config_arguments
+from legorl_jax.commands import add_config_arguments, load_command_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,12 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(repeatable; default: the config's harness_mix)",
     )
     parser.add_argument("--samples", type=int, default=1, help="trials per task and harness config")
-    add_config_arguments(parser)
+    add_config_arguments(parser, demo_default=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from legorl_jax.commands.train_cmd import join_process_group
-    from legorl_jax.core.config import ConfigError, HarnessSpec, load_config
+    from legorl_jax.core.config import ConfigError, HarnessSpec
     from legorl_jax.fleet import configured_fleet
     from legorl_jax.train.coordination import ProcessGroup
     from legorl_jax.train.evaluate import evaluate
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, f"model.path={args.model}"]
     if args.tasks:  # the in-process rollout server serves the config's tasks: make it these
         overrides += [f"tasks.eval={json.dumps(args.tasks)}", "tasks.train=[]", "tasks.demo=false"]
-    config = load_config(args.config, overrides)
+    config = load_command_config(args, overrides)
     try:
         specs = [HarnessSpec.model_validate(json.loads(h)) for h in args.harness] if args.harness else None
     except (ValueError, TypeError) as exc:

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from legorl_jax.commands import add_config_arguments
+from legorl_jax.commands import add_config_arguments, load_command_config
 
 GIB = 2**30
 
@@ -33,11 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and Qwen3-30B-A3B's)",
     )
     parser.add_argument("--json", metavar="OUT", help="also write the plan as one JSON object to OUT ('-': stdout)")
-    add_config_arguments(parser)
+    add_config_arguments(parser, demo_default=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from legorl_jax.core.config import load_config
     from legorl_jax.train.plan import PlanError, use_libtpu
     from legorl_jax.train.tpu_chips import parse_topology
 
@@ -47,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"legorl plan: --topology: {exc}", file=sys.stderr)
         return 2
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_command_config(args)
     source = args.model_config or cfg.model.path
     if source is None or (args.model_config is None and not Path(source).exists()):
         print(

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from legorl_jax.commands import add_config_arguments
+from legorl_jax.commands import add_config_arguments, load_command_config
 from legorl_jax.commands.serve_cmd import add_shutdown_grace_argument, seconds_arg
 from legorl_jax.core import log_redaction
 
@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"the context is to come from it (default: {DEFAULT_ENGINE_WAIT_S:g})",
     )
     add_shutdown_grace_argument(parser)
-    add_config_arguments(parser)
+    add_config_arguments(parser, demo_default=False)
 
 
 def wait_for_engine(engine_url: str, wait_s: float) -> dict[str, Any]:
@@ -111,12 +111,11 @@ def wait_for_engine(engine_url: str, wait_s: float) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from legorl_jax.core.config import load_config
     from legorl_jax.serve.drain import serve
     from rollout_server.proxy.app import build_app
     from rollout_server.proxy.service import build_core, load_template
 
-    config = load_config(args.config, args.overrides)
+    config = load_command_config(args)
     if args.chat_template is not None:
         config.proxy.chat_template = args.chat_template
     log_redaction.configure(logging.INFO)

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import logging
 
-from legorl_jax.commands import add_config_arguments
+from legorl_jax.commands import add_config_arguments, load_command_config
 from legorl_jax.core import log_redaction
 
 
@@ -40,14 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM, seconds in-flight trials get to finish (default: %(default)s); then the rest are "
         "cancelled and reported as CANCELLED, and the server exits within about a minute more",
     )
-    add_config_arguments(parser)
+    add_config_arguments(parser, demo_default=False)
 
 
 def run(args: argparse.Namespace) -> int:
-    from legorl_jax.core.config import ConfigError, load_config
+    from legorl_jax.core.config import ConfigError
     from rollout_server.server import RolloutServer
 
-    config = load_config(args.config, args.overrides)
+    config = load_command_config(args)
     model_dir = args.model or config.model.path
     if model_dir is None:
         raise ConfigError("no model: pass --model DIR or set model.path")

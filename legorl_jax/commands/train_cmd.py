@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from legorl_jax.commands import add_config_arguments
+from legorl_jax.commands import add_config_arguments, load_command_config
 from legorl_jax.core import log_redaction
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, demo_default=True)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs and the table only)")
     parser.add_argument(
         "--verbose", action="store_true", help="also log the in-process rollout server's events (weight loads, trials)"
@@ -63,11 +63,10 @@ async def run_until_signalled(trainer: Trainer) -> Path | signal.Signals:
 
 
 def run(args: argparse.Namespace) -> int:
-    from legorl_jax.core.config import load_config
     from legorl_jax.train.coordination import LeaderStoppedError, ProcessFailedError
     from legorl_jax.wiring import trainer as build_trainer
 
-    config = load_config(args.config, args.overrides)
+    config = load_command_config(args)
     log_redaction.configure(logging.WARNING)
     logging.getLogger("legorl_jax").setLevel(logging.INFO)
     if args.verbose:

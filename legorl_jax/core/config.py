@@ -236,7 +236,13 @@ class SessionCaps(Strict):
     max_model_calls: int = Field(
         50, gt=0, description="Model calls (engine calls started) before the session refuses more."
     )
-    max_total_tokens: int = Field(65536, gt=0, description="Cap on the assembled sequences' total length.")
+    max_total_tokens: int = Field(
+        1_048_576,
+        gt=0,
+        description="Cap on the assembled sequences' total length. The default admits a real harness session "
+        "in the worst case of no shared prefix: max_model_calls (50) calls of a 20k-token prompt (Claude Code's "
+        "is 20k+), each its own sequence; configs/demo.yaml sets a small cap for its toy tasks.",
+    )
     max_wall_s: float = Field(1800.0, gt=0, description="Seconds from creation after which calls are refused.")
 
 
@@ -530,11 +536,16 @@ def _laid_over(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Reads YAML (default: configs/demo.yaml; `base: FILE` in it starts from another
-    file), applies `--set` overrides, validates."""
-    source = Path(path) if path is not None else DEFAULT_CONFIG
-    data = _read_yaml(source, ())
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    default: Path | None = DEFAULT_CONFIG,
+) -> Config:
+    """Reads YAML (`path`, else `default`; `base: FILE` in it starts from another
+    file), applies `--set` overrides, validates. No path and `default=None` start
+    from the schema's own defaults (the standalone services)."""
+    source = Path(path) if path is not None else default
+    data = _read_yaml(source, ()) if source is not None else {}
 
     origin_of: dict[str, str] = {}
     for text in overrides:
@@ -548,7 +559,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         lines = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "<root>"
-            origin = next((o for k, o in origin_of.items() if field == k or field.startswith(k + ".")), str(source))
+            origin = next(
+                (o for k, o in origin_of.items() if field == k or field.startswith(k + ".")),
+                str(source or "schema defaults"),
+            )
             lines.append(f"{origin}: {field}: {_describe(err)}")
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
 

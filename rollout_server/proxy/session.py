@@ -86,16 +86,23 @@ class Session:
         """Refuses a new call once a cap is reached, and marks the trajectory."""
         caps = self.spec.caps
         assert caps is not None, "SessionStore.create fills in the caps"
-        hit = None
+        name = None
         if self.calls_started >= caps.max_model_calls:
-            hit = f"max_model_calls ({caps.max_model_calls})"
+            name = "max_model_calls"
         elif self.trajectory.total_tokens >= caps.max_total_tokens:
-            hit = f"max_total_tokens ({caps.max_total_tokens})"
+            name = "max_total_tokens"
         elif time.monotonic() - self.created >= caps.max_wall_s:
-            hit = f"max_wall_s ({caps.max_wall_s})"
-        if hit is not None:
+            name = "max_wall_s"
+        if name is not None:
+            hit = f"{name} ({getattr(caps, name)})"
             self.trajectory.cap_hit = self.trajectory.cap_hit or hit
-            raise ProxyError("cap_exceeded", f"session limit reached: {hit}")
+            # Say which setting refused and where it is set, so that a user whose real session
+            # outgrew it can raise it without reading the source.
+            raise ProxyError(
+                "cap_exceeded",
+                f"session limit reached: {hit}; raise proxy.{name} (--set proxy.{name}=N), "
+                "or this session's caps in the admin API (POST /admin/sessions)",
+            )
 
 
 class StoreFull(Exception):
@@ -121,7 +128,8 @@ class SessionStore:
         if self.max_sessions is not None and len(self._sessions) >= self.max_sessions:
             raise StoreFull(
                 f"{len(self._sessions)} live sessions, the most this proxy keeps (proxy.max_sessions): "
-                "delete finished ones (DELETE /admin/sessions/<key>) or raise the limit"
+                "delete finished ones (DELETE /admin/sessions/<key>) or raise proxy.max_sessions "
+                "(--set proxy.max_sessions=N)"
             )
         if spec.caps is None:
             spec = spec.model_copy(update={"caps": self.default_caps})

@@ -129,9 +129,13 @@ def test_token_cap(proxy: Any, engine: ScriptedEngine) -> None:
     session = proxy.new_session(caps={"max_model_calls": 10, "max_total_tokens": 5, "max_wall_s": 60})
     client = openai.OpenAI(base_url=session["urls"]["openai"], api_key=session["key"], max_retries=0)
     client.chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as capped:
         client.chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
     assert proxy.trajectory(session["key"])["metrics"]["cap_hit"].startswith("max_total_tokens")
+    # The refusal names the setting and how to raise it.
+    message = capped.value.body["message"]
+    assert "max_total_tokens (5)" in message and "--set proxy.max_total_tokens=N" in message
+    assert "admin API" in message
 
 
 def test_engine_down_is_503_and_other_sessions_recover(proxy: Any, engine: ScriptedEngine) -> None:
