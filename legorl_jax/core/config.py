@@ -167,7 +167,12 @@ class EngineConfig(Strict):
     )
     url: str | None = Field(None, description="Engine base URL (external), or filled in once launched.")
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of a launched engine; 0 picks a free one, so hosts on one machine never clash.",
+    )
     max_batch: int = Field(32, gt=0, description="Sequences decoded together (continuous batching).")
     max_context: int = Field(
         4096,
