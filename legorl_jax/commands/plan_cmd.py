@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 from legorl_jax.commands import add_config_arguments, load_command_config
-
-GIB = 2**30
+from legorl_jax.train.tpu_chips import GIB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

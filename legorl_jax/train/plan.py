@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from legorl_jax.core.config import Config, cache_root
-from legorl_jax.train.tpu_chips import Topology
+from legorl_jax.train.tpu_chips import GIB, Topology
 
 # Set-up installs libtpu here, off the main environment's path, so that CPU runs never meet it.
 LIBTPU_DIR = "libtpu"
@@ -340,12 +340,12 @@ def _suggestions(cfg: Config, plan: Plan) -> list[str]:
     state = worst.argument_bytes + worst.resident_extra_bytes
     if state > plan.hbm_capacity_per_device // 2:
         out.append(
-            f"the state is {state / 2**30:.1f} GiB per device: shard it wider (learner.mesh.fsdp over more "
+            f"the state is {state / GIB:.1f} GiB per device: shard it wider (learner.mesh.fsdp over more "
             "devices, a bigger slice) or keep bfloat16 parameters (model.param_dtype)"
         )
     if worst.temp_bytes > plan.hbm_capacity_per_device // 4:
         if cfg.model.remat != "full":
-            out.append(f"activations take {worst.temp_bytes / 2**30:.1f} GiB: model.remat=full recomputes them")
+            out.append(f"activations take {worst.temp_bytes / GIB:.1f} GiB: model.remat=full recomputes them")
         out.append(
             f"a smaller micro-batch (learner.micro_batch_tokens, now {cfg.learner.micro_batch_tokens}) "
             "holds fewer activations"
