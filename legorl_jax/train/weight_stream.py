@@ -184,14 +184,29 @@ class WeightStreamer:
         try:
             return await self._send(address, directory, version)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION and not await self._may_lack_base(address, directory):
                 raise
-        log.info("%s lacks the base of version %d; sending the last full checkpoint and deltas", address, version)
+        log.info("%s did not take version %d; sending it the last full checkpoint and deltas", address, version)
         chain = delta_chain(directory)
         loaded = await self._send(address, chain[0], _version_of(chain[0]), full=True)
         for step in chain[1:]:
             loaded = await self._send(address, step, _version_of(step))
         return loaded
+
+    async def _may_lack_base(self, address: str, directory: Path) -> bool:
+        """Whether a failed send of `directory` may have been a refused delta.
+
+        A server refuses a delta on a base it does not hold at the first
+        message, before the client has sent the rest; grpcio's asyncio client
+        can then report its own failed write as INTERNAL "Internal error from
+        Core" instead of the server's FAILED_PRECONDITION (grpc/grpc#36066).
+        So any failed delta to a server that still answers is worth one catch-up
+        (if the cause was another, the catch-up fails too and says so); a
+        server that does not answer is left out."""
+        manifest = read_manifest(directory)
+        if manifest is None or manifest.base_version is None:
+            return False
+        return await self._served(address) is not None
 
     async def _served(self, address: str) -> int | None:
         try:

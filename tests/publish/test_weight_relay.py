@@ -138,3 +138,38 @@ def test_relay_chain_longer_than_the_bound_is_invalid(tmp_path: Path, model: Cau
             await server.stop(None)
 
     asyncio.run(main())
+
+
+def test_a_refused_delta_reported_as_internal_still_catches_the_host_up(tmp_path: Path, model: CausalLM) -> None:
+    """grpcio's asyncio client can report a server's early FAILED_PRECONDITION on a
+    client stream as INTERNAL "Internal error from Core" (grpc/grpc#36066). The
+    streamer must catch a host up by what it serves, not by the code: here the
+    first delta send is made to fail that way, as seen in CI."""
+    publisher = DirectoryPublisher(tmp_path / "pub", keep=2, dtype="bfloat16", full_every=4)
+    publisher.publish(model, 0)
+    location = publisher.publish(nudged(model, 1), 1)
+
+    async def main() -> None:
+        server, address, service = await start(tmp_path / "host")
+        streamer = WeightStreamer([address])
+        real_send = streamer._send
+        sent: list[int] = []
+
+        async def send(address: str, directory: Path, version: int, *args: Any, **kwargs: Any) -> int:
+            sent.append(version)
+            if len(sent) == 1:
+                with pytest.raises(grpc.aio.AioRpcError):  # the host refuses: it serves no base
+                    await real_send(address, directory, version, *args, **kwargs)
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), "Internal error from Core"
+                )
+            return await real_send(address, directory, version, *args, **kwargs)
+
+        streamer._send = send  # type: ignore[method-assign]
+        try:
+            assert await streamer.update_weights(1, location) == {address: 1}
+            assert sent == [1, 0, 1] and service.host.policy_version == 1
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
