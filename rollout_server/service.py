@@ -234,6 +234,10 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         self.relay_security = relay_security
         # The published directory the engine serves now: the base a delta must match. None until one is loaded.
         self.served_weights: Path | None = None
+        # Every directory the engine may be reading: the served one or, after failed reloads, the last
+        # served one and each handed over since (a reload that fails may have read any of them). Pruning
+        # spares them until a load succeeds.
+        self.engine_dirs: frozenset[Path] = frozenset()
         # Its tensors in host memory, so a delta patches them without reading the directory back.
         self.served_tensors = ServedTensors()
         self.engine = engine
@@ -396,6 +400,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                     self.weights_root,
                     current=self.served_weights,
                     memory=self.served_tensors,
+                    protect=self.engine_dirs,
                 )
             except WeightTransferError as exc:
                 raise _invalid(str(exc)) from None
@@ -415,6 +420,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                     idle_timeout_s=idle_s,
                     base=self.served_weights,
                     memory=self.served_tensors,
+                    protect=self.engine_dirs,
                 )
             except WeightStreamStalled as exc:
                 await relay.finish(upstream_broken=True)
@@ -444,16 +450,19 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         computes is restarted on the new directory (when this server launched it) and
         probed again; one that still fails is refused, and the version is not served."""
         started = time.monotonic()
+        self.engine_dirs |= {directory}
         try:
             await self.engine.update_weights(str(directory), "keep", version=str(version))
             probe, path = await self._probe_or_restart(directory)
         except (EngineError, ProbeFailed) as exc:
-            # What the engine holds now is unknown: no delta may build on it.
+            # What the engine holds now is unknown: no delta may build on it, and no directory it was
+            # handed may be pruned (`engine_dirs` keeps them all).
             self.served_weights = None
             self.served_tensors.clear()
             raise Refused(grpc.StatusCode.INTERNAL, f"engine reload of {directory} failed: {exc}") from None
         self.host.policy_version = version
         self.served_weights = directory
+        self.engine_dirs = frozenset({directory})
         reload_s = time.monotonic() - started
         diff = math.nan if probe is None else probe.max_abs_diff
         log.info("policy version %d loaded (%s) by %s in %.2f s; probe max diff %.3g", version, how, path,

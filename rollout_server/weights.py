@@ -51,7 +51,7 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -111,6 +111,7 @@ def install_delta(
     memory: ServedTensors | None = None,
     served: Path | None = None,
     probe: WeightProbe | None = None,
+    protect: Collection[Path] = (),
 ) -> tuple[int, Path]:
     """Patches the weights of `base` with a delta blob into a new directory under
     `dest_root`, installed only once its digest matches; returns (version, directory).
@@ -118,7 +119,8 @@ def install_delta(
     With `memory` holding `base`'s tensors they are patched instead of read from
     disk, and the new version's are held there once it is installed. The
     directory the engine `served` from stays whole (it may be another than
-    `base` while a host catches up) until the engine has moved off it."""
+    `base` while a host catches up) until the engine has moved off it, and so
+    do the `protect`ed ones (`prune_versions`)."""
     manifest = read_manifest(base)
     if manifest is None:
         raise WeightBaseMismatch(f"{base} has no {MANIFEST_FILE}; a delta applies only to published weights")
@@ -136,7 +138,7 @@ def install_delta(
     changed = None if held is None else [t["name"] for t in header.tensors if t["changed"]]
     sums = _hasher().submit(tensor_sums, tensors, changed)
     label = version_dir_name(header.version)
-    with _staged(dest_root, label, reuse=_doomed(dest_root, label, keep, {base, served})) as tmp:
+    with _staged(dest_root, label, reuse=_doomed(dest_root, label, keep, {base, served, *protect})) as tmp:
         by_file: dict[str, list[str]] = {}
         for name, file in weight_files(base).items():
             by_file.setdefault(file, []).append(name)
@@ -155,16 +157,19 @@ def install_delta(
         install_directory(tmp, final)
     if memory is not None:
         memory.hold(Held(final, header.digest, tensors, new_sums))
-    prune_versions(dest_root, keep, final, served)
+    prune_versions(dest_root, keep, final, served, protect)
     return header.version, final
 
 
-def prune_versions(root: Path, keep: int, current: Path, served: Path | None = None) -> None:
+def prune_versions(
+    root: Path, keep: int, current: Path, served: Path | None = None, protect: Collection[Path] = ()
+) -> None:
     """Keeps `current` and the newest `keep - 1` other directories, and always
-    the one the engine still `served` from; removes the rest and the debris of
-    dead transfers."""
+    the one the engine still `served` from and the `protect`ed ones (after a
+    failed reload, every directory the engine may still be reading); removes
+    the rest and the debris of dead transfers."""
     debris = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(TMP_PREFIX) and p not in _ACTIVE]
-    for path in debris + _prunable(root, keep, current, {served}):
+    for path in debris + _prunable(root, keep, current, {served, *protect}):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -358,6 +363,7 @@ async def receive_stream(
     idle_timeout_s: float | None = None,
     base: Path | None = None,
     memory: ServedTensors | None = None,
+    protect: Collection[Path] = (),
 ) -> tuple[int, Path]:
     """Assembles a `StreamWeights` stream into `dest_root/v{version:08d}`;
     returns (version, directory). A delta stream patches `base`, the weights
@@ -365,7 +371,8 @@ async def receive_stream(
     WeightBaseMismatch when `base` is not the delta's base),
     WeightStreamStalled when no message comes for `idle_timeout_s`; either way
     nothing is left under dest_root. With `memory`, the installed version's
-    tensors are held there (`ServedTensors`), and a delta patches the held ones."""
+    tensors are held there (`ServedTensors`), and a delta patches the held ones.
+    Pruning spares `base` and the `protect`ed directories (`prune_versions`)."""
     dest_root = Path(dest_root)
     dest_root.mkdir(parents=True, exist_ok=True)
     stream: AsyncIterator[pb.WeightChunk] = aiter(chunks)
@@ -390,11 +397,12 @@ async def receive_stream(
             memory,
             base,
             manifest.probe,
+            protect,
         )
     if memory is not None:
         memory.clear()  # a full version replaces it: no two models in memory while this one arrives
     label = version_dir_name(first.header.version)
-    with _staged(dest_root, label, reuse=_doomed(dest_root, label, keep, {base})) as tmp:
+    with _staged(dest_root, label, reuse=_doomed(dest_root, label, keep, {base, *protect})) as tmp:
         assembly = _Assembly(first.header, tmp, keep_arrays=memory is not None)
         while (message := await next_message()) is not None:
             if message.WhichOneof("payload") != "tensor":
@@ -407,7 +415,7 @@ async def receive_stream(
         install_directory(tmp, final)
     if memory is not None and assembly.manifest is not None:  # checked against its digest in finish()
         memory.hold(Held(final, assembly.manifest.digest, assembly.arrays, assembly.tensor_sums()))
-    prune_versions(dest_root, keep, final, base)
+    prune_versions(dest_root, keep, final, base, protect)
     return assembly.version, final
 
 
@@ -451,6 +459,7 @@ def resolve_location(
     context: ts.Context | None = None,
     current: Path | None = None,
     memory: ServedTensors | None = None,
+    protect: Collection[Path] = (),
 ) -> Path:
     """The local HF directory for an `UpdateWeights` location. Blocking.
 
@@ -458,7 +467,7 @@ def resolve_location(
     that is its base; otherwise the base is rebuilt first from its sibling
     `v{base:08d}` under the same parent, down to the nearest full version.
     `context` is a `tensorstore.Context` for remote schemes (tests share one
-    with the writer to reach a `memory://` store). `memory` is as for `receive_stream`."""
+    with the writer to reach a `memory://` store). `memory` and `protect` are as for `receive_stream`."""
     if not uri:
         raise WeightTransferError("weights location is empty")
     local = uri.startswith("file://") or "://" not in uri
@@ -480,21 +489,23 @@ def resolve_location(
         and current is not None
         and _serves(current, base_version, manifest.base_digest)
     ):
-        return _apply(uri, manifest, current, cache_root, keep, context, memory, current)
+        return _apply(uri, manifest, current, cache_root, keep, context, memory, current, protect)
     if _read(uri, "config.json", context) is not None:  # a full checkpoint (perhaps beside a delta)
         if memory is not None:
             memory.clear()  # read from its files by the first delta on it; the old version's go now
         if local:
             return Path(uri.removeprefix("file://"))
-        return _download(uri, Path(cache_root), keep, context, current)
+        return _download(uri, Path(cache_root), keep, context, current, protect)
     if manifest is None or base_version is None:
         raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
     if base_version >= manifest.version:
         raise WeightTransferError(f"{uri}: delta to version {manifest.version} on base {manifest.base_version}")
     # The base is rebuilt the same way, from its own base, down to the last full checkpoint.
     sibling = f"{uri.rstrip('/').rsplit('/', 1)[0]}/{version_dir_name(base_version)}"
-    base = resolve_location(sibling, cache_root, keep=keep, context=context, current=current, memory=memory)
-    return _apply(uri, manifest, base, cache_root, keep, context, memory, current)
+    base = resolve_location(
+        sibling, cache_root, keep=keep, context=context, current=current, memory=memory, protect=protect
+    )
+    return _apply(uri, manifest, base, cache_root, keep, context, memory, current, protect)
 
 
 def _serves(current: Path, version: int, digest: str | None) -> bool:
@@ -511,12 +522,13 @@ def _apply(
     context: ts.Context | None,
     memory: ServedTensors | None,
     served: Path | None,
+    protect: Collection[Path],
 ) -> Path:
     """The delta version at `uri` built on `base`, installed under `cache_root`."""
     blob = _read(uri, DELTA_FILE, context)
     if blob is None:
         raise WeightTransferError(f"{uri}: its {MANIFEST_FILE} names a delta, but there is no {DELTA_FILE}")
-    return install_delta(base, blob, Path(cache_root), keep, memory, served, manifest.probe)[1]
+    return install_delta(base, blob, Path(cache_root), keep, memory, served, manifest.probe, protect)[1]
 
 
 def _read(uri: str, name: str, context: ts.Context | None) -> bytes | None:
@@ -537,7 +549,9 @@ def _ts(uri: str, what: str, future: Any) -> Any:
         raise WeightTransferError(f"{uri}: cannot {what} with tensorstore: {exc}") from None
 
 
-def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None, served: Path | None) -> Path:
+def _download(
+    uri: str, cache_root: Path, keep: int, context: ts.Context | None, served: Path | None, protect: Collection[Path]
+) -> Path:
     prefix = uri.rstrip("/")
     # Always fetched, never served from the cache: a resumed run republishes
     # a version number with new weights at the same URI.
@@ -562,5 +576,5 @@ def _download(uri: str, cache_root: Path, keep: int, context: ts.Context | None,
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(result.value)
         install_directory(tmp, final)
-    prune_versions(cache_root, keep, final, served)
+    prune_versions(cache_root, keep, final, served, protect)
     return final
