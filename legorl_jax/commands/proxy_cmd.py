@@ -31,6 +31,14 @@ def _context_length(value: object) -> int:
     return number
 
 
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0."""
+    value = seconds_arg(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-url", required=True, metavar="URL", help="engine base URL (vLLM or `legorl serve`)")
     parser.add_argument(
@@ -66,6 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds to wait at start for the engine to answer /v1/models, when the model id or "
         f"the context is to come from it (default: {DEFAULT_ENGINE_WAIT_S:g})",
+    )
+    parser.add_argument(
+        "--session-idle-timeout-s",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help="an admin-API session unused this long expires; its trajectory is kept as long again for one "
+        "fetch (default: proxy.session_idle_timeout_s of the config)",
     )
     add_shutdown_grace_argument(parser)
     add_config_arguments(parser, demo_default=False)
@@ -118,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_command_config(args)
     if args.chat_template is not None:
         config.proxy.chat_template = args.chat_template
+    if args.session_idle_timeout_s is not None:
+        config.proxy.session_idle_timeout_s = args.session_idle_timeout_s
     log_redaction.configure(logging.INFO)
     # The model's files first: a mistake there is reported at once, not after the engine wait.
     try:

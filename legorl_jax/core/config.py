@@ -279,6 +279,13 @@ class ProxyConfig(SessionCaps):
         gt=0,
         description="Largest request body taken (model calls, token counts, admin); larger ones get 413.",
     )
+    session_idle_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="A session made through the admin API whose key goes unused (no model call, no trajectory "
+        "read) this long expires; its trajectory is kept as long again for one fetch, then lost (both said in a "
+        "WARNING and to a later fetch). A trial's sessions end with their trial instead.",
+    )
 
     def session_caps(self) -> SessionCaps:
         return SessionCaps.model_validate(self.model_dump(include=set(SessionCaps.model_fields)))

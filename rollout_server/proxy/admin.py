@@ -3,6 +3,9 @@
 `POST /admin/sessions` (Bearer admin token; body: a `SessionSpec`, plus an
 optional `key`) answers `{"key", "urls"}` with each URL exactly what that
 dialect's SDK or CLI takes as its base URL (OpenAI's ends in `/v1`).
+These sessions expire when idle (`SessionStore`): an expired one's trajectory
+is answered once, marked `"expired": true`; after that, or once it is lost,
+its key gets 410 saying why.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
             except ProxyError as exc:
                 return _problem(exc.status, exc.message)
         try:
-            session = core.store.create(spec, key)
+            session = core.store.create(spec, key, expires=True)
         except StoreFull as exc:
             return _problem(429, str(exc))
         except ValueError as exc:
@@ -92,10 +95,17 @@ def admin_routes(core: ProxyCore, admin_token: str | None) -> list[Route]:
         """The trajectory of the session `lookup` finds (reading it, or removing it) by the path's key."""
         if not authorized(request):
             return _problem(401, "admin token required (Authorization: Bearer <token>)")
-        session = lookup(request.path_params["key"])
-        if session is None:
-            return _problem(404, "no such session")
-        return FastJSONResponse(trajectory_json(session))
+        key = request.path_params["key"]
+        session = lookup(key)
+        if session is not None:
+            return FastJSONResponse(trajectory_json(session))
+        session = core.store.take_expired(key)
+        if session is not None:
+            return FastJSONResponse({**trajectory_json(session), "expired": True})
+        gone = core.store.gone(key)
+        if gone is not None:
+            return _problem(410, f"session gone: {gone}; raise proxy.session_idle_timeout_s to keep sessions longer")
+        return _problem(404, "no such session")
 
     async def trajectory(request: Request) -> Response:
         return answer_trajectory(request, core.store.get)

@@ -115,9 +115,12 @@ class ProxyApp:
         self._limited = BodyLimit(self._dispatch, max_request_bytes, "proxy.max_request_bytes")
 
     def _session(self, request: Request) -> Session:
-        session = self.core.store.get(_key(request))
+        key = _key(request)
+        session = self.core.store.get(key)
         if session is None:
-            raise ProxyError("authentication", "invalid API key: no live session has this key")
+            gone = self.core.store.gone(key)  # an expired session's harness is told why, not just refused
+            why = f"session ended: {gone}" if gone else "no live session has this key"
+            raise ProxyError("authentication", f"invalid API key: {why}")
         return session
 
     def _error(self, dialect: Dialect, err: ProxyError) -> Response:

@@ -106,7 +106,16 @@ class ProxyCore:
 
     async def execute(self, call: PreparedCall) -> TurnResult:
         """The engine call and its record. Runs to the end even when the
-        harness hangs up mid-stream, so the sampled turn is still captured."""
+        harness hangs up mid-stream, so the sampled turn is still captured.
+        Its session is busy meanwhile: never expired while its engine call runs."""
+        call.session.busy += 1
+        try:
+            return await self._execute(call)
+        finally:
+            call.session.busy -= 1
+            call.session.last_active = time.monotonic()
+
+    async def _execute(self, call: PreparedCall) -> TurnResult:
         session = call.session
         sampling = call.sampling
         if self._recompute(session, call.prompt):
@@ -279,7 +288,7 @@ def build_core(
     `unit_temperature_prompt_logprobs` says otherwise; `token_route` is where its
     token-id calls go (`rollout_server.backends.client.TokenRoute`)."""
     cfg = config or ProxyConfig()
-    store = SessionStore(cfg.session_caps(), max_sessions=cfg.max_sessions)
+    store = SessionStore(cfg.session_caps(), max_sessions=cfg.max_sessions, idle_timeout_s=cfg.session_idle_timeout_s)
     engine = ProxyEngineClient(
         engine_url,
         served_model,

@@ -4,8 +4,11 @@ message-level matching) and the trajectory being assembled."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +19,8 @@ from rollout_server.proxy.errors import ProxyError
 from rollout_server.proxy.parsed_items import ItemMemo
 from rollout_server.proxy.render import PrefixMemo, SampledTurn
 from rollout_server.proxy.trajectory import CapturedTrajectory
+
+log = logging.getLogger(__name__)
 
 
 class SessionSpec(BaseModel):
@@ -49,6 +54,9 @@ class Session:
     key: str
     spec: SessionSpec
     created: float = field(default_factory=time.monotonic)
+    expires: bool = False  # made by the admin API: ended by idle expiry (`SessionStore.sweep`), not by a trial
+    last_active: float = field(default_factory=time.monotonic)  # the last use of its key
+    busy: int = 0  # engine calls under way: a session is never idle while one runs
     trajectory: CapturedTrajectory = field(default_factory=CapturedTrajectory)
     turns: list[SampledTurn] = field(default_factory=list)
     calls_started: int = 0
@@ -112,18 +120,32 @@ class StoreFull(Exception):
 class SessionStore:
     """All live sessions of one proxy; the rollout server shares it in-process.
 
-    A session lives until it is deleted, so its trajectory is never lost
-    before its owner reads it; `max_sessions` bounds the memory an owner that
-    never deletes can take (the admin API answers 429 past it)."""
+    A trial's session lives until its trial deletes it, so its trajectory is
+    never lost before its owner reads it. A session of the admin API
+    (`expires`) also ends when its key goes unused for `idle_timeout_s`: its
+    owner may be gone for good. Its trajectory is then kept, for as long
+    again, to be fetched once (the admin that comes back late still gets the
+    data it paid for); after that it is lost, said in a WARNING and to a later
+    fetch, never dropped unsaid. `max_sessions` bounds the memory an owner
+    that never deletes can take (the admin API answers 429 past it)."""
 
-    def __init__(self, default_caps: SessionCaps | None = None, max_sessions: int | None = None) -> None:
+    def __init__(
+        self,
+        default_caps: SessionCaps | None = None,
+        max_sessions: int | None = None,
+        idle_timeout_s: float | None = None,
+    ) -> None:
         self.default_caps = default_caps or SessionCaps()
         self.max_sessions = max_sessions
+        self.idle_timeout_s = idle_timeout_s
         self._sessions: dict[str, Session] = {}
+        self._expired: dict[str, tuple[Session, float]] = {}  # key → (the session, trajectory only; when it expired)
+        self._ended: OrderedDict[str, str] = OrderedDict()  # key → why it is gone, the latest max_sessions
+        self._sweeper: asyncio.Task[None] | None = None
 
-    def create(self, spec: SessionSpec, key: str | None = None) -> Session:
+    def create(self, spec: SessionSpec, key: str | None = None, *, expires: bool = False) -> Session:
         key = key or "lr-" + secrets.token_urlsafe(24)
-        if key in self._sessions:
+        if key in self._sessions or key in self._expired:
             raise ValueError(f"session {key!r} already exists")
         if self.max_sessions is not None and len(self._sessions) >= self.max_sessions:
             raise StoreFull(
@@ -133,15 +155,96 @@ class SessionStore:
             )
         if spec.caps is None:
             spec = spec.model_copy(update={"caps": self.default_caps})
-        session = Session(key, spec)
+        session = Session(key, spec, expires=expires)
         self._sessions[key] = session
+        self._ended.pop(key, None)
+        if expires:
+            self._start_sweeping()
         return session
 
     def get(self, key: str | None) -> Session | None:
-        return self._sessions.get(key) if key else None
+        """The live session of `key`; a use of the key, so it is not idle."""
+        session = self._sessions.get(key) if key else None
+        if session is not None:
+            session.last_active = time.monotonic()
+        return session
 
     def delete(self, key: str) -> Session | None:
         return self._sessions.pop(key, None)
+
+    def take_expired(self, key: str) -> Session | None:
+        """The expired session of `key` (its trajectory) once; it is freed."""
+        held = self._expired.pop(key, None)
+        if held is None:
+            return None
+        self._end(key, "it expired after going idle and its trajectory was fetched once already")
+        return held[0]
+
+    def gone(self, key: str | None) -> str | None:
+        """Why `key` names no live session, when it named an expired one."""
+        if not key:
+            return None
+        if key in self._expired:
+            return (
+                "it expired after going idle; its trajectory waits to be fetched (GET /admin/sessions/<key>/trajectory)"
+            )
+        return self._ended.get(key)
+
+    def sweep(self, now: float | None = None) -> None:
+        """Expires the admin API's sessions idle for `idle_timeout_s` and
+        frees the expired trajectories nobody fetched for as long again."""
+        limit = self.idle_timeout_s
+        if limit is None:
+            return
+        now = time.monotonic() if now is None else now
+        idle = [s for s in self._sessions.values() if s.expires and not s.busy and now - s.last_active >= limit]
+        for session in idle:
+            del self._sessions[session.key]
+            # Only the trajectory and what labels it are kept: turns and render memos are freed now.
+            kept = Session(session.key, session.spec, session.created, expires=True, trajectory=session.trajectory)
+            self._expired[session.key] = (kept, now)
+            log.warning(
+                "proxy session %s expired after %g s idle (proxy.session_idle_timeout_s); its trajectory "
+                "(%d calls) is kept %g s more for one fetch (GET /admin/sessions/<key>/trajectory)",
+                session.spec.labels or "(no labels)",
+                limit,
+                len(session.trajectory.calls),
+                limit,
+            )
+        for key, (session, expired) in list(self._expired.items()):
+            if now - expired >= limit:
+                del self._expired[key]
+                log.warning(
+                    "proxy session %s: its trajectory (%d calls) was not fetched within %g s of its expiry "
+                    "and is lost (proxy.session_idle_timeout_s)",
+                    session.spec.labels or "(no labels)",
+                    len(session.trajectory.calls),
+                    limit,
+                )
+                self._end(key, f"it expired after going idle and its trajectory, not fetched within {limit:g} s "
+                          "(proxy.session_idle_timeout_s), is lost")  # fmt: skip
+
+    def _end(self, key: str, why: str) -> None:
+        self._ended[key] = why
+        while len(self._ended) > (self.max_sessions or 4096):  # a bound on the memory of keys gone
+            self._ended.popitem(last=False)
+
+    def _start_sweeping(self) -> None:
+        """Sweeps in the background of the running event loop, from the first expiring session on."""
+        if self.idle_timeout_s is None or (self._sweeper is not None and not self._sweeper.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a direct caller): `sweep` is theirs to call
+            return
+        self._sweeper = loop.create_task(self._sweep_forever(), name="proxy-session-sweep")
+
+    async def _sweep_forever(self) -> None:
+        assert self.idle_timeout_s is not None
+        period = min(max(self.idle_timeout_s / 4, 0.05), 30.0)  # expiry is at most a quarter late
+        while self._sessions or self._expired:
+            await asyncio.sleep(period)
+            self.sweep()
 
     def __len__(self) -> int:
         return len(self._sessions)
