@@ -88,6 +88,17 @@ def task_roots(config: Config) -> list[Path]:
     ]
 
 
+def weights_roots(config: Config) -> list[Path]:
+    """Directories an UpdateWeights local location may point into: the configured roots, the run
+    directory the learner publishes under (logging.run_dir) and fleet.weights_dir when it is local."""
+    local = config.fleet.weights_dir if config.fleet.weights_dir and "://" not in config.fleet.weights_dir else None
+    return [
+        *(Path(p) for p in config.fleet.weights_location_roots),
+        Path(config.logging.run_dir),
+        *([Path(local)] if local else []),
+    ]
+
+
 def is_loopback(address: str) -> bool:
     """Whether a gRPC listen address (host:port, [v6]:port, unix:path) is reachable only from this host."""
     if address.startswith(("unix:", "unix-abstract:")):
@@ -234,6 +245,7 @@ class RolloutServer:
             Path(self._weights_dir.name),
             limits,
             task_roots=task_roots(cfg),
+            weights_roots=weights_roots(cfg),
             # A relayed weight stream goes to another server of the fleet, which wants the fleet's token and TLS.
             relay_security=client_security(cfg.fleet.security),
             engine_dtype=self.engine.dtype,

@@ -222,6 +222,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         weights_root: Path,
         limits: ServiceLimits = ServiceLimits(),
         task_roots: Iterable[Path] = (),
+        weights_roots: Iterable[Path] = (),
         relay_security: ClientSecurity = ClientSecurity(),
         engine_dtype: str | None = None,
         check_probe: bool = True,
@@ -245,6 +246,8 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         self.limits = limits
         # Where a TaskRef.location may point: the given roots and every served task's own directory.
         self.task_roots = tuple({Path(p).resolve() for p in task_roots} | {t.root.resolve() for t in tasks.values()})
+        # Where an UpdateWeights local location may point; none given, no local location is taken.
+        self.weights_roots = tuple({Path(p).resolve() for p in weights_roots})
         self.draining = False
         self._slots = asyncio.Semaphore(limits.capacity)
         self._running = 0
@@ -401,6 +404,7 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                     current=self.served_weights,
                     memory=self.served_tensors,
                     protect=self.engine_dirs,
+                    roots=self.weights_roots,
                 )
             except WeightTransferError as exc:
                 raise _invalid(str(exc)) from None

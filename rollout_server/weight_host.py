@@ -5,7 +5,7 @@ served-weights check is off). Tests and `scripts/bench_weight_sync.py`
 run fleets of these as processes, without GPUs, sandboxes or tasks; they
 run no trials (a Rollout call fails with INTERNAL).
 
-    python -m rollout_server.weight_host --root DIR [--address 127.0.0.1:0]
+    python -m rollout_server.weight_host --root DIR [--weights-root DIR ...] [--address 127.0.0.1:0]
 
 prints the address it listens on, then serves until killed.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,8 +46,11 @@ class MemoryEngine:
         return True
 
 
-async def start(root: Path, address: str = "127.0.0.1:0") -> tuple[grpc.aio.Server, str, RolloutService]:
-    """A started weights-only server keeping weights under `root`: (server, address, service)."""
+async def start(
+    root: Path, address: str = "127.0.0.1:0", weights_roots: Iterable[Path] = ()
+) -> tuple[grpc.aio.Server, str, RolloutService]:
+    """A started weights-only server keeping weights under `root`, taking UpdateWeights
+    local locations inside `weights_roots`: (server, address, service)."""
     # Trials never run here (no tasks, no sandboxes): only the policy version of the host is used.
     host = TrialHost(
         sandboxes=None,  # type: ignore[arg-type]
@@ -62,6 +66,7 @@ async def start(root: Path, address: str = "127.0.0.1:0") -> tuple[grpc.aio.Serv
         {},
         root,
         ServiceLimits(capacity=1, weights_idle_timeout_s=30.0),
+        weights_roots=weights_roots,
         check_probe=False,
     )
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
@@ -71,8 +76,8 @@ async def start(root: Path, address: str = "127.0.0.1:0") -> tuple[grpc.aio.Serv
     return server, f"{address.rsplit(':', 1)[0]}:{port}", service
 
 
-async def _serve(root: Path, address: str) -> None:
-    server, bound, _ = await start(root, address)
+async def _serve(root: Path, address: str, weights_roots: list[Path]) -> None:
+    server, bound, _ = await start(root, address, weights_roots)
     print(bound, flush=True)
     await server.wait_for_termination()
 
@@ -80,11 +85,14 @@ async def _serve(root: Path, address: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, required=True, help="where received weights are kept")
+    parser.add_argument(
+        "--weights-root", type=Path, action="append", default=[], help="where UpdateWeights locations may point"
+    )
     parser.add_argument("--address", default="127.0.0.1:0")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     try:
-        asyncio.run(_serve(args.root, args.address))
+        asyncio.run(_serve(args.root, args.address, args.weights_root))
     except KeyboardInterrupt:
         sys.exit(0)
 

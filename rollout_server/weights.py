@@ -4,7 +4,8 @@ into a local HF directory the engine can reload from.
 Two ways in, matching the two RPCs:
 
 - `resolve_location(uri, cache_root)` for `UpdateWeights`: a local path or
-  `file://` URI is used in place; `gs://`, `s3://` and `memory://` are
+  `file://` URI is used in place, when it lies inside the server's weight
+  roots (`roots`); `gs://`, `s3://` and `memory://` are
   tensorstore kvstore prefixes, downloaded once into `cache_root`; any other
   scheme is refused (the server fetches nothing from arbitrary URLs).
 - `receive_stream(chunks, dest_root)` for `StreamWeights`: a header with the
@@ -460,8 +461,13 @@ def resolve_location(
     current: Path | None = None,
     memory: ServedTensors | None = None,
     protect: Collection[Path] = (),
+    roots: Collection[Path] | None = None,
 ) -> Path:
     """The local HF directory for an `UpdateWeights` location. Blocking.
+
+    A local location must lie inside one of `roots` (resolved directories),
+    `..` and symlinks resolved first (`confined_weights_dir`); None takes any
+    (a caller in this process, not a request).
 
     A delta version is applied to `current` (the directory served now) when
     that is its base; otherwise the base is rebuilt first from its sibling
@@ -475,6 +481,8 @@ def resolve_location(
     if not local and scheme not in REMOTE_SCHEMES:
         allowed = ", ".join(f"{s}://" for s in REMOTE_SCHEMES)
         raise WeightTransferError(f"{uri}: scheme {scheme}:// is not supported; use a local path, file://, {allowed}")
+    if local and roots is not None:
+        uri = str(confined_weights_dir(uri, roots))
     try:
         raw = _read(uri, MANIFEST_FILE, context)
     except WeightTransferError:
@@ -503,9 +511,26 @@ def resolve_location(
     # The base is rebuilt the same way, from its own base, down to the last full checkpoint.
     sibling = f"{uri.rstrip('/').rsplit('/', 1)[0]}/{version_dir_name(base_version)}"
     base = resolve_location(
-        sibling, cache_root, keep=keep, context=context, current=current, memory=memory, protect=protect
+        sibling, cache_root, keep=keep, context=context, current=current, memory=memory, protect=protect, roots=roots
     )
     return _apply(uri, manifest, base, cache_root, keep, context, memory, current, protect)
+
+
+def confined_weights_dir(location: str, roots: Collection[Path]) -> Path:
+    """A local `location` (path or `file://`) with `..` and symlinks resolved; refused
+    unless it lies inside one of `roots`, so a request cannot have the engine read
+    an arbitrary host directory (as task locations are confined: `tasks.confined_task_dir`)."""
+    try:
+        resolved = Path(location.removeprefix("file://")).resolve()
+    except (OSError, ValueError) as exc:  # a NUL byte, a symlink loop
+        raise WeightTransferError(f"{location}: not a usable path: {exc}") from None
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise WeightTransferError(
+            f"{location}: outside the directories this server loads weights from; allow its directory in "
+            "fleet.weights_location_roots (the run directory, logging.run_dir, and a local fleet.weights_dir are "
+            "allowed already)"
+        )
+    return resolved
 
 
 def _serves(current: Path, version: int, digest: str | None) -> bool:

@@ -145,8 +145,9 @@ def host_processes(count: int, scratch: Path) -> Iterator[list[str]]:
     try:
         for i in range(count):
             root = scratch / f"host{i}"
+            argv = ["--root", str(root), "--weights-root", str(scratch)]  # the publisher writes under scratch
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "rollout_server.weight_host", "--root", str(root)],
+                [sys.executable, "-m", "rollout_server.weight_host", *argv],
                 stdout=subprocess.PIPE, text=True,
             ))  # fmt: skip
         addresses = []

@@ -196,14 +196,14 @@ def test_hosts_load_published_deltas_by_location_and_catch_up(tmp_path) -> None:
     reference = DirectoryPublisher(tmp_path / "ref", keep=3, dtype="bfloat16")
 
     async def main() -> None:
-        hosts = [await start(tmp_path / f"host{i}") for i in range(2)]
+        hosts = [await start(tmp_path / f"host{i}", weights_roots=[tmp_path / "pub"]) for i in range(2)]
         try:
             async with Fleet([address for _, address, _ in hosts], wait_for_servers_s=5) as fleet:
                 for version, model in enumerate(models):
                     if version == 2:  # host 1 restarts with nothing served
                         server, address, _ = hosts[1]
                         await server.stop(None)
-                        hosts[1] = await start(tmp_path / "host1-new", address)
+                        hosts[1] = await start(tmp_path / "host1-new", address, [tmp_path / "pub"])
                     location = publisher.publish(model, version)
                     reference.publish(model, version)
                     assert set((await fleet.update_weights(version, location)).values()) == {version}

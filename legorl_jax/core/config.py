@@ -418,6 +418,12 @@ class FleetConfig(Strict):
         description="Where published weights go: a local path or gs://bucket/prefix that every rollout server "
         "can read (None: <run dir>/weights).",
     )
+    weights_location_roots: list[str] = Field(
+        [],
+        description="Directories a rollout server loads an UpdateWeights local location (path or file://) from, "
+        "besides logging.run_dir (where the learner publishes by default) and fleet.weights_dir when it is local; "
+        "any other local location is refused, `..` and symlinks resolved first.",
+    )
     weights_transport: Literal["location", "stream"] = Field(
         "location",
         description="location: servers load the published directory themselves (shared storage); stream: the "

@@ -33,6 +33,8 @@ def start_server(model: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
         "tasks.train": f"[{HERE / 'coinflip'}]",
         "sandbox.kind": "local",
         "fleet.capacity_per_server": "2",
+        # The trainer publishes under the test's directory: shared storage, as a real fleet's.
+        "fleet.weights_location_roots": f"[{log_path.parent}]",
     }
     argv = [LEGORL, "rollout-server", "--model", str(model), "--address", "127.0.0.1:0"]
     for key, value in settings.items():

@@ -131,7 +131,7 @@ def test_a_host_that_missed_versions_catches_up_in_memory(tmp_path: Path, model:
     reference.publish(models[2], 2)
 
     async def main() -> None:
-        server, address, service = await start(tmp_path / "host")
+        server, address, service = await start(tmp_path / "host", weights_roots=[tmp_path / "pub"])
         try:
             location = publisher.publish(models[0], 0)
             assert await WeightStreamer([address]).update_weights(0, location) == {address: 0}

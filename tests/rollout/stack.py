@@ -51,6 +51,8 @@ def server_config(**extra: Any) -> Config:
         "tasks.demo=true",
         # Suites copy task variants under pytest's tmp_path, which lives in the system temp dir.
         f"tasks.location_roots=[{tempfile.gettempdir()}]",
+        # And publish weights there.
+        f"fleet.weights_location_roots=[{tempfile.gettempdir()}]",
     ]
     return load_config(None, overrides + [f"{k}={v}" for k, v in extra.items()])
 

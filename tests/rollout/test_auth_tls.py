@@ -14,6 +14,7 @@ import datetime
 import ipaddress
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,6 +102,7 @@ def server_config(engine_url: str, **security: str) -> Config:
         f"engine.url={engine_url}",
         "sandbox.kind=local",
         "fleet.capacity_per_server=2",
+        f"fleet.weights_location_roots=[{tempfile.gettempdir()}]",  # where the tests publish weights
     ]
     return load_config(None, overrides + [f"fleet.security.{k}={v}" for k, v in security.items()])
 

@@ -223,7 +223,8 @@ def test_bad_weight_requests_get_precise_codes(engine_url: str, tokenizer_dir: P
             ("http://127.0.0.1:1/weights/v1", "scheme http:// is not supported"),
             ("https://example.com/weights/v1", "scheme https:// is not supported"),
             (str(tmp_path), "no config.json there"),
-            ("/tmp/nul\0byte", "no config.json"),
+            (str(tmp_path.parent), "allow its directory in fleet.weights_location_roots"),
+            ("/tmp/nul\0byte", "not a usable path"),
             ("", "location is empty"),
             ("/x" * 5000, "location is 10000 characters"),
         ]:
@@ -252,4 +253,6 @@ def test_bad_weight_requests_get_precise_codes(engine_url: str, tokenizer_dir: P
         assert server.service is not None and list(server.service.weights_root.iterdir()) == []
         assert server.service.host.policy_version == 0
 
-    serve(engine_url, tokenizer_dir, body, "fleet.weights_idle_timeout_s=1")
+    serve(
+        engine_url, tokenizer_dir, body, "fleet.weights_idle_timeout_s=1", f"fleet.weights_location_roots=[{tmp_path}]"
+    )
