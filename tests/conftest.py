@@ -2,7 +2,8 @@
 
 Tests marked `docker`, `npm`, `browser`, `vllm` or `libtpu` need a real Docker
 engine, Node.js harness CLIs, Chromium with chromedriver, vLLM (set-up installs its
-CPU build in .cache/vllm-venv) or libtpu (set-up: .cache/libtpu). Locally they skip with a reason
+CPU build in .cache/vllm-venv) or libtpu (set-up: .cache/libtpu, with jax's CUDA plugin in
+.cache/jax-cuda12). Locally they skip with a reason
 when those are missing; with CI=true they fail instead, so a CI run can never
 pass by skipping them.
 """
@@ -58,11 +59,14 @@ def _vllm_available() -> str | None:
 
 
 def _libtpu_available() -> str | None:
+    """libtpu, and beside it jax's CUDA plugin: the compilers `legorl plan` targets."""
     from legorl_jax.core.config import cache_root
-    from legorl_jax.train.plan import LIBTPU_DIR
+    from legorl_jax.train.plan import CUDA_PLUGIN_DIR, LIBTPU_DIR
 
-    path = cache_root() / LIBTPU_DIR / "libtpu"
-    return None if path.is_dir() else f"no libtpu at {path} (run ./scripts/setup)"
+    for path in (cache_root() / LIBTPU_DIR / "libtpu", cache_root() / CUDA_PLUGIN_DIR / "jax_plugins"):
+        if not path.is_dir():
+            return f"no {path} (run ./scripts/setup)"
+    return None
 
 
 _CHECKS = {

@@ -1,5 +1,5 @@
-"""`legorl plan`: compile a run's learner for a TPU slice on this machine (no TPU
-needed) and say whether it fits the chips' memory, and how fast it would run.
+"""`legorl plan`: compile a run's learner for a TPU slice or GPU hosts on this machine
+(no TPU or GPU needed) and say whether it fits the chips' memory, and how fast it would run.
 
 legorl plan --config configs/qwen3_8b_v5p.yaml --topology v5p-64 [--model-config FILE] [--json OUT]
 
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from legorl_jax.commands import add_config_arguments, load_command_config
-from legorl_jax.train.tpu_chips import GIB
+from legorl_jax.train.chips import GIB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--topology",
         required=True,
         metavar="NAME",
-        help="the TPU slice: v5p-64, v4-32 (TensorCores), v6e-64, v5e-16 (chips) or libtpu's v5p:4x4x2, v6e:8x8",
+        help="the TPU slice: v5p-64, v4-32 (TensorCores), v6e-64, v5e-16 (chips) or libtpu's v5p:4x4x2, v6e:8x8; "
+        "or H100 GPUs: h100-8 (one host), h100-64 (eight)",
     )
     parser.add_argument(
         "--model-config",
@@ -36,15 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from legorl_jax.train.plan import PlanError, use_libtpu
-    from legorl_jax.train.tpu_chips import parse_topology
+    from legorl_jax.train.chips import parse_topology
+    from legorl_jax.train.plan import PlanError, use_compiler
 
-    use_libtpu()  # before anything imports jax
     try:
         topology = parse_topology(args.topology)
     except ValueError as exc:
         print(f"legorl plan: --topology: {exc}", file=sys.stderr)
         return 2
+    use_compiler(topology.platform)  # before anything imports jax
     cfg = load_command_config(args)
     source = args.model_config or cfg.model.path
     if source is None or (args.model_config is None and not Path(source).exists()):
@@ -101,7 +102,13 @@ def _print(s: dict) -> None:
     print(
         f"a step ({s['micro_steps_per_step']} micro-steps, {s['tokens_per_step']:,} tokens at the longest bucket): "
         f"~{s['estimated_step_s']:.1f} s by the roofline, MFU ~{s['estimated_mfu']:.0%}, "
-        f"{s['tokens_per_s_per_chip']:,.0f} tokens/s per chip"
+        f"{s['tokens_per_s_per_chip']:,.0f} tokens/s per chip; limited by {s['limit']} "
+        f"({', '.join(f'{k} {v:.3g} s' for k, v in s['bound_s'].items())})"
     )
+    if s["platform"] == "gpu":
+        print(
+            "note: compiled without a GPU, XLA's CUDA compiler gives no cost analysis (the roofline counts "
+            "FLOPs only) and attention is compiled blockwise, not as cuDNN's fused kernel (not installed for plans)"
+        )
     for line in s["suggestions"]:
         print(f"to fit: {line}")

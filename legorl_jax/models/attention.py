@@ -244,7 +244,11 @@ def _blockwise_pays(seq_len: int | None) -> bool:
 
 
 def _cudnn_fits(head_dim: int) -> bool:
-    """cuDNN's fused attention needs head_dim a multiple of 8 up to 128 and an Ampere or newer GPU."""
+    """cuDNN's fused attention needs head_dim a multiple of 8 up to 128 and an Ampere or newer GPU.
+
+    Compiling for a GPU from a process without one (`legorl plan`) never picks it:
+    cuDNN's kernels are built by the cuDNN library at compile time, which plans
+    do not install; this process's devices then have no compute capability."""
     capability = getattr(jax.devices()[0], "compute_capability", "0")
     return head_dim % 8 == 0 and head_dim <= 128 and float(capability) >= 8.0
 

@@ -1,14 +1,16 @@
-"""Ahead-of-time plans of a learner for a TPU slice, compiled on any machine.
+"""Ahead-of-time plans of a learner for a TPU slice (or GPU hosts), compiled on any machine.
 
-libtpu's compiler runs without a TPU: a topology description gives the slice's
-devices, the learner is built from shapes only (`Learner` over an abstract
-model: nothing materialised), and the programs a real step runs are lowered and
-compiled for those devices with the kernels the TPU would use (splash attention
-by Mosaic; `compile_target`). Per program the compiler reports its memory per
-device (arguments, outputs, temporaries, code) and its cost (FLOPs, bytes); the
-step's FLOPs by the usual count (6 per parameter per token, plus attention and
-what remat repeats) against the chips' published peaks (`tpu_chips`) give a
-roofline step time, the best the slice could do.
+libtpu's compiler runs without a TPU, and jax's CUDA plugin compiles without a
+GPU given the GPU's description (`gpu_target`): a topology description gives the
+slice's devices, the learner is built from shapes only (`Learner` over an
+abstract model: nothing materialised), and the programs a real step runs are
+lowered and compiled for those devices with the kernels the target would use
+(splash attention by Mosaic on a TPU; `compile_target`). Per program the
+compiler reports its memory per device (arguments, outputs, temporaries, code)
+and, on a TPU, its cost (FLOPs, bytes); the step's FLOPs by the usual count (6
+per parameter per token, plus attention and what remat repeats) against the
+chips' published peaks (`chips`) give a roofline step time, the best the slice
+could do.
 
 Programs: the micro-step (the loss, its gradient and the token logprobs at one
 micro-batch shape: every length bucket at its full row count, plain rows and,
@@ -31,37 +33,50 @@ from pathlib import Path
 from typing import Any
 
 from legorl_jax.core.config import Config, cache_root
-from legorl_jax.train.tpu_chips import GIB, Topology
+from legorl_jax.train.chips import GIB, Topology
 
-# Set-up installs libtpu here, off the main environment's path, so that CPU runs never meet it.
+# Set-up installs the compilers here, off the main environment's path, so that CPU runs never meet them.
 LIBTPU_DIR = "libtpu"
 LIBTPU_PIN = "0.0.42.1"  # the libtpu jax[tpu] 0.10.2 asks for
+CUDA_PLUGIN_DIR = "jax-cuda12"
+CUDA_PLUGIN_PIN = "0.10.2"  # jax-cuda12-plugin and -pjrt: the jax release's own
 _COLLECTIVE = re.compile(r"\b(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 
 
 class PlanError(RuntimeError):
-    """The plan cannot be made here (no libtpu, an unknown topology, a mesh that does not fit it)."""
+    """The plan cannot be made here (no compiler installed, an unknown topology, a mesh that does not fit it)."""
 
 
-def use_libtpu() -> None:
-    """Puts set-up's libtpu on the import path and keeps this process on the CPU: libtpu
-    is used only as a compiler here. Call before JAX is imported."""
+def use_compiler(platform: str) -> None:
+    """Puts set-up's compiler for `platform` ("tpu": libtpu, "gpu": jax's CUDA plugin) on
+    the import path and keeps this process on the CPU: the compiler is only used to
+    compile here. Call before JAX is imported."""
     if "jax" in sys.modules and os.environ.get("JAX_PLATFORMS") != "cpu":
-        raise PlanError("use_libtpu() must run before jax is imported")
+        raise PlanError("use_compiler() must run before jax is imported")
     os.environ["JAX_PLATFORMS"] = "cpu"
-    # Without these libtpu looks for a TPU VM's metadata and prints a warning per variable.
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
-    # Only compiling: several plans (or a plan beside a test) may load libtpu at once.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    installed = cache_root() / LIBTPU_DIR
+    if platform == "tpu":
+        # Without these libtpu looks for a TPU VM's metadata and prints a warning per variable.
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
+        # Only compiling: several plans (or a plan beside a test) may load libtpu at once.
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if platform not in ("tpu", "gpu"):
+        return
+    installed = cache_root() / (LIBTPU_DIR if platform == "tpu" else CUDA_PLUGIN_DIR)
     if installed.is_dir() and str(installed) not in sys.path:
         sys.path.insert(0, str(installed))
 
 
-def tpu_devices(topology: Topology) -> list[Any]:
+def target_devices(topology: Topology) -> list[Any]:
+    """Compile-only devices of `topology`: what the compiler lays programs out over."""
     from jax.experimental import topologies
 
+    if topology.platform == "gpu":
+        return _gpu_devices(topology)
+    if topology.platform == "cpu":  # this machine itself: the method checked against a measured step
+        import jax
+
+        return jax.devices("cpu")[: topology.chips]
     try:
         import libtpu  # type: ignore[import-not-found]  # noqa: F401
     except ImportError:
@@ -73,6 +88,29 @@ def tpu_devices(topology: Topology) -> list[Any]:
         return list(topologies.get_topology_desc(topology_name=topology.name, platform="tpu").devices)
     except Exception as exc:  # libtpu's own error type is not public
         raise PlanError(f"libtpu has no topology {topology.name}: {exc}") from exc
+
+
+def _gpu_devices(topology: Topology) -> list[Any]:
+    from jax.experimental import topologies
+
+    from legorl_jax.train.gpu_target import target_config
+
+    try:
+        import jax_plugins.xla_cuda12  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        raise PlanError(
+            f"jax's CUDA plugin is not installed: run ./scripts/setup (it puts jax-cuda12-plugin "
+            f"{CUDA_PLUGIN_PIN} under {cache_root() / CUDA_PLUGIN_DIR})"
+        ) from None
+    hosts, per_host = topology.shape
+    try:
+        # The plugin's shape is partitions x hosts per partition x devices per host.
+        desc = topologies.get_topology_desc(
+            platform="cuda", topology=f"1x{hosts}x{per_host}", target_config=target_config(topology.chip)
+        )
+    except Exception as exc:  # JaxRuntimeError, whose import path moves between JAX releases
+        raise PlanError(f"the CUDA plugin made no {topology.name} topology: {exc}") from exc
+    return list(desc.devices)
 
 
 @dataclass
@@ -108,6 +146,7 @@ class Plan:
     model_flops_per_step: float  # 6·N·tokens + attention, the MFU convention
     recompute: float  # hardware FLOPs per model FLOP: 4/3 when remat repeats every forward pass
     tokens_per_step: int
+    link_bytes_per_step: float  # per device, sent over the chips' links (`_link_bytes`)
     compile_s: float
     suggestions: list[str] = field(default_factory=list)
 
@@ -132,18 +171,32 @@ class Plan:
         """FLOPs the chips execute in one step: the model's, plus the forward passes remat repeats."""
         return self.model_flops_per_step * self.recompute
 
-    @property
-    def estimated_step_s(self) -> float:
-        """The roofline bound: the step's FLOPs at the slice's peak, or its HBM traffic at the
-        chips' bandwidth (XLA's per-device bytes of each program, which count the scanned layers
-        once: a lower bound), whichever is longer. A best case: collectives, kernel efficiency
-        and host work only add to it."""
+    def bound_s(self) -> dict[str, float]:
+        """Seconds a step needs at each resource's peak: the chips' FLOP/s ("FLOPs"), HBM
+        bandwidth (XLA's per-device bytes of each program, which count the scanned layers
+        once: a lower bound; none for a GPU compiled without one) and the links between
+        chips ("ICI": the collectives' bytes by `_link_bytes`, at half the published
+        bidirectional figure per chip, i.e. one way)."""
         chip = self.topology.chip
-        compute = self.flops_per_step / (chip.bf16_flops * self.topology.chips)
-        bandwidth = chip.hbm_bandwidth / self.devices_per_chip
+        per_chip = self.devices_per_chip
         micro = max(p.bytes_accessed for p in self.programs if p.name.startswith("micro_step"))
         update = sum(p.bytes_accessed for p in self.programs if p.name == "optimizer_update")
-        return max(compute, (self.micro_steps_per_step * micro + update) / bandwidth)
+        return {
+            "FLOPs": self.flops_per_step / (chip.bf16_flops * self.topology.chips),
+            "HBM bandwidth": (self.micro_steps_per_step * micro + update) / (chip.hbm_bandwidth / per_chip),
+            "ICI": self.link_bytes_per_step / (self.topology.link_bandwidth / 2 / per_chip),
+        }
+
+    @property
+    def limit(self) -> str:
+        bounds = self.bound_s()
+        return max(bounds, key=lambda k: bounds[k])
+
+    @property
+    def estimated_step_s(self) -> float:
+        """The roofline bound: the longest of `bound_s`. A best case: it assumes the
+        three overlap perfectly, and kernel efficiency and host work only add to it."""
+        return max(self.bound_s().values())
 
     @property
     def estimated_mfu(self) -> float:
@@ -153,7 +206,7 @@ class Plan:
     def summary(self) -> dict[str, Any]:
         return {
             "topology": self.topology.name,
-            "platform": "tpu",
+            "platform": self.topology.platform,
             "devices": self.devices,
             "chips": self.topology.chips,
             "mesh": self.mesh,
@@ -166,6 +219,9 @@ class Plan:
             "tokens_per_step": self.tokens_per_step,
             "micro_steps_per_step": self.micro_steps_per_step,
             "estimated_step_s": self.estimated_step_s,
+            "bound_s": self.bound_s(),
+            "limit": self.limit,
+            "link_bytes_per_step": self.link_bytes_per_step,
             "estimated_mfu": self.estimated_mfu,
             "tokens_per_s_per_chip": self.tokens_per_step / self.estimated_step_s / self.topology.chips,
             "compile_s": self.compile_s,
@@ -210,7 +266,7 @@ def _compile(name: str, lowered: Any, resident_extra_bytes: int) -> Program:
 
 def _program(name: str, compiled: Any, resident_extra_bytes: int = 0) -> Program:
     memory = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
+    cost = compiled.cost_analysis() or {}  # the CUDA plugin's compile-only programs give none
     cost = cost[0] if isinstance(cost, list) else cost
     text = compiled.as_text()
     collectives: dict[str, int] = {}
@@ -254,6 +310,33 @@ def _model_flops(model_config: Any, params: int, tokens: int, seq_len: int) -> f
     return float(tokens * (6 * active + attention))
 
 
+def _link_bytes(
+    model_config: Any,
+    params: int,
+    mesh: dict[str, int],
+    tokens_per_device: int,
+    remat: str,
+    param_itemsize: int,
+    compute_itemsize: int,
+) -> float:
+    """Bytes one device sends over the links in one micro-step, by the sharding's
+    usual collectives (ring algorithms: each device sends (n-1)/n of the data):
+    fsdp gathers the parameters for the forward and again for the backward pass and
+    reduce-scatters the f32 gradients, which replicas on the data axis then
+    all-reduce; tensor parallelism all-reduces each layer's attention and MLP outputs
+    in every forward and backward pass (three passes with remat). Expert
+    parallelism's token exchange is not counted: a lower bound for MoE."""
+    data, fsdp, tensor = mesh.get("data", 1), mesh.get("fsdp", 1), mesh.get("tensor", 1)
+    shard = params / (tensor * mesh.get("expert", 1) if model_config.num_experts else tensor)
+    out = (2 * shard * param_itemsize + shard * 4) * (fsdp - 1) / fsdp
+    out += 2 * shard * 4 / fsdp * (data - 1) / data
+    if tensor > 1:
+        passes = 6 if remat == "full" else 4
+        activation = tokens_per_device * model_config.hidden_size * compute_itemsize
+        out += model_config.num_layers * passes * activation * 2 * (tensor - 1) / tensor
+    return out
+
+
 def plan_learner(
     cfg: Config, hf_config: dict[str, Any], topology: Topology, progress: Callable[[str], None] = print
 ) -> Plan:
@@ -269,7 +352,7 @@ def plan_learner(
     from legorl_jax.train.sharding import data_parallel_size, learner_mesh
     from legorl_jax.train.step import Learner
 
-    devices = tpu_devices(topology)
+    devices = target_devices(topology)
     try:
         mesh = learner_mesh(cfg.learner.mesh, devices)
     except ValueError as exc:
@@ -283,7 +366,7 @@ def plan_learner(
     )
     started = time.monotonic()
     programs: list[Program] = []
-    with compile_target("tpu"):
+    with compile_target(topology.platform):
         model = nnx.eval_shape(lambda: CausalLM(model_config, rngs=nnx.Rngs(0)))
         learner = Learner(model, cfg.rl, cfg.learner, mesh)
         acc = learner._zero_acc.eval_shape()
@@ -317,15 +400,26 @@ def plan_learner(
     micro_steps = math.ceil(sequences / rows)
     tokens = micro_steps * rows * longest
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(learner.params))
+    mesh_shape = {k: int(v) for k, v in mesh.shape.items()}
+    link = _link_bytes(
+        model_config,
+        params,
+        mesh_shape,
+        rows * longest // dp,
+        cfg.model.remat,
+        jnp.dtype(cfg.model.param_dtype).itemsize,
+        jnp.dtype(cfg.model.compute_dtype).itemsize,
+    )
     result = Plan(
         topology=topology,
         devices=len(devices),
-        mesh={k: int(v) for k, v in mesh.shape.items()},
+        mesh=mesh_shape,
         programs=programs,
         micro_steps_per_step=micro_steps,
         model_flops_per_step=_model_flops(model_config, params, tokens, longest),
         recompute=4 / 3 if cfg.model.remat == "full" else 1.0,
         tokens_per_step=tokens,
+        link_bytes_per_step=micro_steps * link,
         compile_s=compile_s,
     )
     if not result.fits:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from legorl_jax.core.config import REPO_ROOT
-from legorl_jax.train.tpu_chips import parse_topology
+from legorl_jax.train.chips import parse_topology
 
 
 @pytest.mark.parametrize(
@@ -27,6 +27,9 @@ from legorl_jax.train.tpu_chips import parse_topology
         ("v6e-64", "v6e:8x8", 64),  # v5e and v6e count chips
         ("v5e-8", "v5e:2x4", 8),
         ("v5p:4x4x2", "v5p:4x4x2", 32),
+        ("h100-8", "h100:1x8", 8),  # GPUs by count: hosts x GPUs per host
+        ("h100-4", "h100:1x4", 4),
+        ("h100-64", "h100:8x8", 64),
     ],
 )
 def test_slice_names_become_libtpu_topologies(name: str, libtpu_name: str, chips: int) -> None:
@@ -34,7 +37,7 @@ def test_slice_names_become_libtpu_topologies(name: str, libtpu_name: str, chips
     assert (topology.name, topology.chips) == (libtpu_name, chips)
 
 
-@pytest.mark.parametrize("bad", ["v5p", "v7x-8", "v5p-7", "v6e:4x4x4", "v5p-24", "tpu-8"])
+@pytest.mark.parametrize("bad", ["v5p", "v7x-8", "v5p-7", "v6e:4x4x4", "v5p-24", "tpu-8", "h100-12", "h100-0"])
 def test_bad_slice_names_are_refused_with_examples(bad: str) -> None:
     with pytest.raises(ValueError, match="topology"):
         parse_topology(bad)
@@ -68,23 +71,19 @@ SMALL = {
 }
 
 
-@pytest.mark.libtpu
-def test_a_small_qwen3_step_compiles_for_a_v5p_slice_with_splash(tmp_path: Path) -> None:
+def _small_plan(tmp_path: Path, topology: str, *overrides: str) -> tuple[int, dict[str, Any], str]:
+    """`legorl plan` of SMALL on `topology` at 1,024-token rows in bf16, with `overrides` (--set)."""
     config = tmp_path / "config.json"
     config.write_text(json.dumps(SMALL))
-    code, plan, stdout = _plan(
-        tmp_path,
-        "--topology",
-        "v5p-8",
-        "--model-config",
-        str(config),
-        "--set",
-        "learner.length_buckets=[1024]",
-        "--set",
-        "learner.micro_batch_tokens=4096",
-        "--set",
-        "model.compute_dtype=bfloat16",
+    sets = ["learner.length_buckets=[1024]", "model.compute_dtype=bfloat16", *overrides]
+    return _plan(
+        tmp_path, "--topology", topology, "--model-config", str(config), *(a for o in sets for a in ("--set", o))
     )
+
+
+@pytest.mark.libtpu
+def test_a_small_qwen3_step_compiles_for_a_v5p_slice_with_splash(tmp_path: Path) -> None:
+    code, plan, stdout = _small_plan(tmp_path, "v5p-8", "learner.micro_batch_tokens=4096")
     assert code == 0 and plan["fits"] and plan["platform"] == "tpu" and plan["devices"] == 4
     programs = {p["name"]: p for p in plan["programs"]}
     assert set(programs) == {"micro_step[4x1024]", "micro_step[4x1024, tree rows]", "optimizer_update"}
@@ -119,3 +118,18 @@ def test_the_qwen3_8b_config_fits_its_v5p_slice(tmp_path: Path) -> None:
     assert code == 0 and plan["fits"], stdout
     assert plan["chips"] == 32 and plan["hbm_peak_bytes_per_device"] < plan["hbm_capacity_bytes_per_device"]
     assert len(plan["programs"]) == 3  # plain rows, tree rows, the optimizer update
+
+
+@pytest.mark.libtpu
+def test_a_small_qwen3_step_compiles_for_h100_hosts_without_a_gpu(tmp_path: Path) -> None:
+    """jax's CUDA plugin compiles for two 8-GPU hosts given the GPU's description: memory
+    per GPU is reported, the link bound uses the hosts' NICs, and the roofline counts FLOPs
+    (the plugin gives no cost analysis without a GPU)."""
+    code, plan, stdout = _small_plan(
+        tmp_path, "h100-16", "learner.micro_batch_tokens=16384", "learner.share_prefixes=false"
+    )
+    assert code == 0 and plan["fits"] and plan["platform"] == "gpu" and plan["devices"] == 16
+    assert {p["name"] for p in plan["programs"]} == {"micro_step[16x1024]", "optimizer_update"}
+    assert 0 < plan["hbm_peak_bytes_per_device"] < plan["hbm_capacity_bytes_per_device"] == 80 * 10**9
+    assert plan["bound_s"]["HBM bandwidth"] == 0 and plan["bound_s"]["FLOPs"] > 0 and plan["bound_s"]["ICI"] > 0
+    assert "no cost analysis" in stdout
