@@ -126,7 +126,7 @@ async def served_model_and_context(engine: EngineClient, cfg: EngineConfig) -> t
             "Timeout",
         ) from exc
     served, context = await engine.model(), await engine.served_context()
-    if context != cfg.max_context:
+    if cfg.max_context is not None and context != cfg.max_context:
         log.info(
             "engine %s serves a context of %d tokens (engine.max_context, %d, applies to launched engines)",
             engine.base_url,

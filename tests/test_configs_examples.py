@@ -38,7 +38,7 @@ def consistency_problems(config: Config) -> list[str]:
         problems.append(f"largest length bucket {max(buckets)} > model.max_seq_len {config.model.max_seq_len}")
     if config.learner.micro_batch_tokens < max(buckets):
         problems.append("learner.micro_batch_tokens cannot hold one row of the largest bucket")
-    if config.rl.sampling.max_tokens > config.engine.max_context:
+    if config.engine.max_context is not None and config.rl.sampling.max_tokens > config.engine.max_context:
         problems.append("rl.sampling.max_tokens exceeds engine.max_context")
     if config.proxy.max_total_tokens < config.rl.sampling.max_tokens:
         problems.append("proxy.max_total_tokens is below one model call's completion cap")

@@ -83,7 +83,8 @@ def _print(s: dict) -> None:
         f"(compiled in {s['compile_s']:.0f} s)"
     )
     print(
-        f"{'program':<42} {'peak GiB':>9} {'args':>7} {'temp':>7} {'GFLOP':>9} {'GB moved':>9}  collectives / kernels"
+        f"{'program':<42} {'peak GiB':>9} {'args':>7} {'out':>7} {'temp':>7} {'code':>7} {'GFLOP':>9} {'GB moved':>9}"
+        "  collectives / kernels"
     )
     for p in s["programs"]:
         coll = ", ".join(f"{k} {v}" for k, v in sorted(p["collectives"].items())) or "none"
@@ -92,9 +93,11 @@ def _print(s: dict) -> None:
             coll, kern = "refused by the compiler", p["refused"]
         print(
             f"{p['name']:<42} {p['peak_bytes'] / GIB:>9.2f} {p['argument_bytes'] / GIB:>7.2f} "
-            f"{p['temp_bytes'] / GIB:>7.2f} {p['flops'] / 1e9:>9.0f} {p['bytes_accessed'] / 1e9:>9.1f}  {coll}; {kern}"
+            f"{(p['output_bytes'] - p['alias_bytes']) / GIB:>7.2f} {p['temp_bytes'] / GIB:>7.2f} "
+            f"{p['code_bytes'] / GIB:>7.3f} {p['flops'] / 1e9:>9.0f} {p['bytes_accessed'] / 1e9:>9.1f}  {coll}; {kern}"
         )
     verdict = "fits" if s["fits"] else "DOES NOT FIT"
+    print("(GiB per device; out: outputs not aliased to arguments; peak adds the optimizer state a micro-step keeps)")
     print(
         f"HBM per device: peak {s['hbm_peak_bytes_per_device'] / GIB:.2f} GiB of "
         f"{s['hbm_capacity_bytes_per_device'] / GIB:.2f} GiB: {verdict}"

@@ -174,11 +174,13 @@ class EngineConfig(Strict):
         description="Port of a launched engine; 0 picks a free one, so hosts on one machine never clash.",
     )
     max_batch: int = Field(32, gt=0, description="Sequences decoded together (continuous batching).")
-    max_context: int = Field(
-        4096,
+    max_context: int | None = Field(
+        None,
         gt=0,
-        description="Context (prompt + completion) a launched engine serves (--max-model-len). With "
-        "kind external the engine's own /v1/models max_model_len is used instead.",
+        description="Context (prompt + completion) a launched engine serves (--max-model-len); default: the "
+        "model's own (config.json's max_position_embeddings), as `legorl serve` and `vllm serve` do, so a "
+        "harness's 20k-token prompt fits a real checkpoint. With kind external the engine's own /v1/models "
+        "max_model_len is used instead.",
     )
     startup_timeout_s: float = Field(
         900.0,

@@ -25,13 +25,14 @@ def embedded_plan(
         "--model", str(weights_dir or model_dir),
         "--host", engine.host,
         "--port", str(port),
-        "--max-model-len", str(engine.max_context),
         "--max-num-seqs", str(engine.max_batch),
         "--max-chunk", str(engine.max_chunk),
         "--kv-cache-dtype", engine.kv_cache_dtype,
         "--return-tokens-as-token-ids",
         "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
     ]  # fmt: skip
+    if engine.max_context is not None:
+        command += ["--max-model-len", str(engine.max_context)]
     if engine.dtype is not None:
         command += ["--dtype", engine.dtype]
     if engine.kv_cache_memory_bytes is not None:

@@ -179,13 +179,14 @@ def vllm_plan(
         "--port", str(port),
         "--served-model-name", options.served_model_name or str(model_dir),
         "--tokenizer", str(model_dir),
-        "--max-model-len", str(engine.max_context),
         "--max-num-seqs", str(engine.max_batch),
         "--seed", str(seed),
         "--logprobs-mode", "processed_logprobs",
         "--return-tokens-as-token-ids",
         "--generation-config", "vllm",
     ]  # fmt: skip
+    if engine.max_context is not None:
+        command += ["--max-model-len", str(engine.max_context)]
     options_flags = engine_flags(engine)
     for flag in (f for f in options_flags if f.startswith("--")):
         base = flag.removeprefix("--").removeprefix("no-")
