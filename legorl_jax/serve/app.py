@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from legorl_jax.core.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from legorl_jax.core.engine_api import PauseMode
+from legorl_jax.core.surrogates import replace_lone_surrogates
 from legorl_jax.serve.completions import CompletionRun, EngineFailure
 from legorl_jax.serve.loader import ServedModel, WeightsError
 from legorl_jax.serve.protocol import (
@@ -169,8 +170,8 @@ def create_app(
         if req.messages is not None:
             try:
                 ids = tok.apply_chat_template(
-                    [m.model_dump(exclude_none=True) for m in req.messages],
-                    tools=req.tools,
+                    replace_lone_surrogates([m.model_dump(exclude_none=True) for m in req.messages]),
+                    tools=replace_lone_surrogates(req.tools),
                     add_generation_prompt=req.add_generation_prompt,
                     continue_final_message=req.continue_final_message,
                     tokenize=True,
@@ -180,7 +181,7 @@ def create_app(
             except Exception as exc:  # template errors (raise_exception) are the caller's
                 raise ApiError(HTTPStatus.BAD_REQUEST, f"chat template failed: {exc}", "messages") from exc
         else:
-            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = tok.encode(replace_lone_surrogates(req.prompt), add_special_tokens=req.add_special_tokens)
         body: dict[str, Any] = {"count": len(ids), "max_model_len": engine.max_len, "tokens": list(ids)}
         if req.return_token_strs:
             body["token_strs"] = tok.convert_ids_to_tokens(list(ids))

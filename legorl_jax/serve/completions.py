@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import cast
 
+from legorl_jax.core.surrogates import replace_lone_surrogates
 from legorl_jax.serve.loader import ServedModel
 from legorl_jax.serve.output import ChoiceBuilder, ChoiceOptions
 from legorl_jax.serve.protocol import CompletionRequest, CompletionResponse, UsageInfo, error_body
@@ -33,7 +34,10 @@ def tokenize_prompts(served: ServedModel, req: CompletionRequest) -> list[list[i
     # Validation picked one member of the union, so a list's first item tells what all its items are.
     prompts = cast("list[str | list[int]]", [prompt] if single else prompt)
     return [
-        p if isinstance(p, list) else served.tokenizer.encode(p, add_special_tokens=req.add_special_tokens)
+        p
+        if isinstance(p, list)
+        # A JS client cutting text by UTF-16 units sends half a pair, which no tokenizer encodes.
+        else served.tokenizer.encode(replace_lone_surrogates(p), add_special_tokens=req.add_special_tokens)
         for p in prompts
     ]
 

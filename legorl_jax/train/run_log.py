@@ -6,6 +6,10 @@ On resume the metrics file is cut back to the restored step (to nothing when
 no checkpoint was restored), so a step that ran after the last checkpoint and
 is run again appears once, not twice. The loop saves a step's checkpoint after
 all of the step's lines, so a restored step's lines are all there.
+
+Every record carries `time/run_s`: the run's wall seconds until it was written,
+counted from the log's opening and, on resume, on from the last kept record
+(`scripts/demo_figures.py` puts them in the README).
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
 METRICS_FILE = "metrics.jsonl"
+RUN_TIME_KEY = "time/run_s"
 
 # (header, metric key, format) of the console table.
 COLUMNS: list[tuple[str, str, str]] = [
@@ -46,10 +52,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def cut_back(path: Path, resume_step: int) -> None:
-    """Keeps only the records of steps up to `resume_step`: a resumed run writes the later ones again."""
+def cut_back(path: Path, resume_step: int) -> list[dict[str, Any]]:
+    """Keeps only the records of steps up to `resume_step` (and returns them): a resumed run writes the
+    later ones again."""
     kept = [r for r in read_jsonl(path) if r.get("step", 0) <= resume_step]
     path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return kept
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -61,7 +69,10 @@ class RunLog:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        cut_back(self.path, resume_step)
+        kept = cut_back(self.path, resume_step)
+        # A resumed run's clock goes on from its last kept record (the time lost to the stop is not counted).
+        self._run_s0 = max((r[RUN_TIME_KEY] for r in kept if isinstance(r.get(RUN_TIME_KEY), int | float)), default=0.0)
+        self._opened = time.monotonic()
         self.out = out
         self._header_shown = False
         self._tb = None
@@ -71,7 +82,8 @@ class RunLog:
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_step + 1)
 
     def write(self, record: dict[str, Any]) -> None:
-        clean = {k: _jsonable(v) for k, v in record.items()}
+        run_s = round(self._run_s0 + time.monotonic() - self._opened, 1)
+        clean = {k: _jsonable(v) for k, v in {**record, RUN_TIME_KEY: run_s}.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
             f.flush()

@@ -20,7 +20,8 @@ slower path) goes to `json` too.
 
 `harness_loads` is `loads` for what a harness sends: JS CLIs slice text by
 UTF-16 units and send the half pair that a cut leaves (as a `\\ud83d`
-escape), which their providers take as U+FFFD; so does the proxy.
+escape), which their providers take as U+FFFD; so does the proxy
+(`legorl_jax/core/surrogates.py`, shared with the engine's text inputs).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse
 
+from legorl_jax.core.surrogates import replace_lone_surrogates
+
 # 18 digits always fit in 64 bits; 19 may not (2**63 has 19). Found by mapping
 # every digit to "0" and searching for 19 of them, much faster than a regex.
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
@@ -40,7 +43,6 @@ _LONG_RUN = b"0" * 19
 # How a lone surrogate gets into JSON text (valid UTF-8 cannot carry one); also
 # matches an escaped backslash before "ud800", which the check then clears.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class LoneSurrogateError(ValueError):
@@ -76,17 +78,7 @@ def harness_loads(raw: bytes) -> Any:
     try:
         return loads(raw)
     except LoneSurrogateError:
-        return _replaced(json.loads(raw.decode()))
-
-
-def _replaced(value: Any) -> Any:
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {_replaced(k): _replaced(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replaced(v) for v in value]
-    return value
+        return replace_lone_surrogates(json.loads(raw.decode()))
 
 
 def dumps(value: Any) -> bytes:

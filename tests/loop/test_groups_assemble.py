@@ -110,6 +110,17 @@ def test_run_log_cuts_back_to_the_resumed_step(tmp_path) -> None:
     assert list((tmp_path / "tensorboard").iterdir())
 
 
+def test_run_log_stamps_the_run_time_and_goes_on_from_it_on_resume(tmp_path, monkeypatch) -> None:
+    clock = iter([100.0, 103.0, 110.5, 500.0, 502.0])  # opened, step 1, step 2; reopened, step 2 again
+    monkeypatch.setattr("legorl_jax.train.run_log.time.monotonic", lambda: next(clock))
+    log = RunLog(tmp_path, resume_step=0, tensorboard=False)
+    log.write({"step": 1, "kind": "train"})
+    log.write({"step": 2, "kind": "train"})
+    log = RunLog(tmp_path, resume_step=1, tensorboard=False)
+    log.write({"step": 2, "kind": "train"})
+    assert [(r["step"], r["time/run_s"]) for r in read_metrics(tmp_path)] == [(1, 3.0), (2, 5.0)]
+
+
 def test_a_graded_zero_without_a_reward_file_counts_in_pass_rates() -> None:
     """Tests broken by what the agent left are a graded 0: in the pass rate, counted apart from env failures."""
     broke_the_tests = trajectory(0.0)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,11 @@ from .scripted_engine import ScriptedEngine, ServerThread
 
 
 @contextmanager
-def legorl_proxy(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`legorl proxy ARGS` with its output in `log_path`, terminated on exit."""
+def legorl(command: str, args: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`legorl COMMAND --port 0 ARGS` with its output in `log_path`, terminated on exit."""
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "legorl_jax.cli", "proxy", "--port", "0", *args],
+            [sys.executable, "-m", "legorl_jax.cli", command, "--port", "0", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -45,8 +45,13 @@ def legorl_proxy(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[b
             proc.wait(timeout=30)
 
 
+def legorl_proxy(args: list[str], log_path: Path) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    """`legorl proxy --port 0 ARGS` (see `legorl`)."""
+    return legorl("proxy", args, log_path)
+
+
 def wait_for_log(proc: subprocess.Popen[bytes], log_path: Path, *patterns: str) -> list[re.Match[str]]:
-    """The first match of each pattern in the proxy's output, once all are there (120 s at most)."""
+    """The first match of each pattern in the command's output, once all are there (120 s at most)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         text = log_path.read_text()
@@ -54,7 +59,7 @@ def wait_for_log(proc: subprocess.Popen[bytes], log_path: Path, *patterns: str) 
         if all(found):
             return found  # type: ignore[return-value]
         time.sleep(0.2)
-    raise AssertionError(f"{patterns} not in the proxy's output:\n{log_path.read_text()}")
+    raise AssertionError(f"{patterns} not in the output:\n{log_path.read_text()}")
 
 
 def test_legorl_proxy_command(_engine_server: tuple[ScriptedEngine, str], tokenizer: Any, tmp_path: Path) -> None:

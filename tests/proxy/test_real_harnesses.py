@@ -164,14 +164,11 @@ def title_call(prompt: str) -> str | None:
     return "Writing hi" if "Generate a title for this conversation" in prompt else None
 
 
-@pytest.mark.npm
-@pytest.mark.parametrize("name", sorted(HARNESSES))
-def test_real_cli_two_tool_calls_one_sequence(
-    proxy: Any, engine: ScriptedEngine, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def run_cli_session(proxy: Any, engine: ScriptedEngine, root: Path, name: str) -> tuple[str, Path]:
+    """Runs the CLI `name` through a new session of `proxy` on the two-tool-call task, the scripted engine
+    answering; returns the session's key and the CLI's working directory."""
     binary_name, launch, tool, args = HARNESSES[name]
     binary = cli(binary_name)
-    monkeypatch.setattr(proxy.core, "max_context", 65536)  # real system prompts run to ~25k tokens
     session = proxy.new_session()
     engine.respond = title_call
     # mini-swe-agent ends only on its submit command; the others on a plain answer.
@@ -179,7 +176,7 @@ def test_real_cli_two_tool_calls_one_sequence(
         call_text(tool, args("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")) if name == "mini-swe-agent" else "All done."
     )
     engine.push(call_text(tool, args("echo hi > out.txt")), call_text(tool, args("cat out.txt")), last)
-    work, home = tmp_path / "work", tmp_path / "home"
+    work, home = root / "work", root / "home"
     work.mkdir()
     home.mkdir()
     argv, env = launch(binary, f"{proxy.url}/s/{session['key']}", session["key"], home)
@@ -193,8 +190,18 @@ def test_real_cli_two_tool_calls_one_sequence(
         timeout=180,
     )
     assert done.returncode == 0, failure_report(done)
+    return session["key"], work
+
+
+@pytest.mark.npm
+@pytest.mark.parametrize("name", sorted(HARNESSES))
+def test_real_cli_two_tool_calls_one_sequence(
+    proxy: Any, engine: ScriptedEngine, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(proxy.core, "max_context", 65536)  # real system prompts run to ~25k tokens
+    key, work = run_cli_session(proxy, engine, tmp_path, name)
     assert (work / "out.txt").read_text() == "hi\n"
-    traj = proxy.trajectory(session["key"])
+    traj = proxy.trajectory(key)
     main = [c for c in traj["calls"] if not c["side"]]
     assert [c["merged"] for c in main] == [False, True, True], json.dumps(traj["metrics"])
     assert [c["tool_calls"] for c in main] == [1, 1, 1 if name == "mini-swe-agent" else 0]

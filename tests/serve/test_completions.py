@@ -137,6 +137,21 @@ def test_text_prompt_is_tokenized(engine: Any) -> None:
     assert by_text["token_ids"] == complete(engine, prompt=ids, seed=1)["token_ids"]
 
 
+def test_a_lone_surrogate_in_text_reads_as_a_replacement_character(engine: Any) -> None:
+    """A JS client cutting text by UTF-16 units sends half a pair (json.dumps escapes it as such a client does)."""
+    expected = post(engine, "/tokenize", {"prompt": "cut \ufffd"}).json()["tokens"]
+    assert post(engine, "/tokenize", {"prompt": "cut \ud83d"}).json()["tokens"] == expected
+    assert complete(engine, prompt="cut \ud83d", seed=1)["prompt_token_ids"] == expected
+    assert complete(engine, prompt=["cut \ud83d"], seed=1)["prompt_token_ids"] == expected
+
+    def chat(text: str) -> httpx.Response:
+        return post(engine, "/tokenize", {"messages": [{"role": "user", "content": text}]})
+
+    messages = chat("cut \udc00")
+    assert messages.status_code == 200, messages.text
+    assert messages.json()["tokens"] == chat("cut \ufffd").json()["tokens"]
+
+
 def test_n_and_batched_prompts_index_choices(engine: Any) -> None:
     body = {"prompt": [PROMPT, PROMPT[:3]], "n": 2, "max_tokens": 2, "seed": 1, "return_token_ids": True}
     data = post(engine, "/v1/completions", body).json()

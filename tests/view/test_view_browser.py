@@ -368,3 +368,46 @@ def test_trajectory_marks_tool_calls_merges_forks_and_the_verifier(browser: WebD
         labels = texts_of(browser, "#seq-0 .segment .label")
         assert labels[1].startswith("model call 1") and labels[3].startswith("model call 2")
         assert console_errors(browser) == []
+
+
+def test_trajectory_shows_the_policy_versions_of_a_completion_an_update_split(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    pieces = ["<|im_start|>user\ngo", "<|im_end|>\n", "a", "b", "c", "d", "\nok", "e"]
+    spans = [[2, 6], [7, 8]]
+    # A weight update landed after the first call's second token: versions 3, 3, 4, 4, then 4 for call 2.
+    mixed = {"ids": list(range(len(pieces))), "pieces": pieces, "spans": spans, "logprobs": [-0.1] * 5}
+    mixed |= {"advantage": 0.5, "policy_version": 3, "side_call": False, "model_calls": 2}
+    mixed["versions"] = [[3, 2], [4, 3]]
+    # Runs that do not cover the sampled tokens (a malformed record) mark nothing.
+    broken = {**mixed, "versions": [[3, 1]], "model_calls": 1}
+    record = {"step": 1, "kind": "train", "task": "t", "harness": "lego", "status": "ok", "reward": 1.0}
+    record |= {"metrics": {}, "sampled": ["abcd", "e", "abcd", "e"], "sequences": [mixed, broken]}
+    (tmp_path / "rollouts.jsonl").write_text(json.dumps(record) + "\n")
+    with serve(tmp_path) as url:
+        browser.get(url + "#/t/0")
+        wait(browser, lambda d: d.find_elements(By.ID, "seq-1"), "no second sequence")
+        assert "sampled by policy versions 3, 4" in text_of(browser, "#seq-0 h3")
+        versions = browser.execute_script(
+            "return [...document.querySelectorAll('#seq-0 .tok.sampled')].map(t => t.dataset.version)"
+        )
+        assert versions == ["3", "3", "4", "4", "4"]
+        # One mark, before the first token of version 4, inside call 1; none at the call boundary.
+        marks = browser.execute_script(
+            "return [...document.querySelectorAll('#seq-0 .version-change')]"
+            ".map(m => [m.dataset.version, m.nextElementSibling.dataset.i])"
+        )
+        assert marks == [["4", "4"]]
+        mark = browser.find_element(By.CSS_SELECTOR, "#seq-0 .version-change")
+        drawn = browser.execute_script("return getComputedStyle(arguments[0], '::before').content", mark)
+        assert drawn == '"v4▸"' and mark.is_displayed()
+        # The mark is no part of the completion's text.
+        assert text_of(browser, "#seq-0 .segment.completion .tokens") == "abcd"
+        labels = texts_of(browser, "#seq-0 .segment .label")
+        assert labels[1] == "model call 1: sampled 4 tokens by policy versions 3 → 4"
+        assert labels[3] == "model call 2: sampled 1 tokens"
+        browser.find_element(By.CSS_SELECTOR, '#seq-0 .tok[data-i="4"]').click()
+        wait(browser, lambda d: text_of(d, "#token-info").endswith("· policy version 4"), "no version in the details")
+        assert "policy version 3" in text_of(browser, "#seq-1 h3")
+        assert browser.find_elements(By.CSS_SELECTOR, "#seq-1 .version-change, #seq-1 [data-version]") == []
+        assert console_errors(browser) == []

@@ -283,7 +283,16 @@ const INKLESS = /^[\u0000-\u0008\u000b-\u001f\u007f\u200b-\u200d\ufeff]+$/;
 // Pieces of blanks that break the line: the stylesheet shows a return mark to hover or click.
 const LINE_BREAK = /^[ \t\r]*\n\s*$/;
 
-function tokenSpan(seq, i, offset, ranges, sampledIndex) {
+// Each sampled token's policy version, from the sequence's [version, count] runs over its sampled tokens
+// (a completion that a weight update split has two); null when the runs are missing or do not cover them.
+function sampledVersions(seq) {
+  const runs = seq.versions || [];
+  const out = runs.flatMap(([version, count]) => Array(count).fill(version));
+  const sampled = (seq.spans || []).reduce((n, [start, end]) => n + end - start, 0);
+  return runs.length && out.length === sampled ? out : null;
+}
+
+function tokenSpan(seq, i, offset, ranges, sampledIndex, version) {
   const piece = seq.pieces[i];
   const cls = ["tok"];
   if (INKLESS.test(piece)) cls.push("blank");
@@ -299,6 +308,7 @@ function tokenSpan(seq, i, offset, ranges, sampledIndex) {
       title += ` · behaviour logprob ${lp.toFixed(4)} (p=${Math.exp(lp).toFixed(3)})`;
       if (lp < UNLIKELY_LOGPROB) cls.push("unlikely");
     }
+    if (version !== null) title += ` · policy version ${version}`;
     const learner = (seq.learner_logprobs || [])[sampledIndex];
     if (typeof learner === "number") {
       title += ` · learner logprob ${learner.toFixed(4)}`;
@@ -310,7 +320,8 @@ function tokenSpan(seq, i, offset, ranges, sampledIndex) {
     }
   }
   // Sampled tokens take keyboard focus: focusing one shows its details like hovering does.
-  return el("span", { class: cls.join(" "), title, "data-i": i, tabindex: sampledIndex !== null ? "0" : null }, piece);
+  const attrs = { class: cls.join(" "), title, "data-i": i, "data-version": version, tabindex: sampledIndex !== null ? "0" : null };
+  return el("span", attrs, piece);
 }
 
 // |learner − behaviour| over the sampled tokens both logprobs are recorded for.
@@ -335,7 +346,11 @@ function renderSequence(seq, k, total, texts) {
   for (const p of pieces) { offsets.push(acc); acc += p.length; }
   const notes = [];
   notes.push(seq.advantage === null || seq.advantage === undefined ? "not trained" : `trained with advantage ${fmt(seq.advantage, 4)}`);
-  notes.push(`policy version ${seq.policy_version}`);
+  const versions = sampledVersions(seq);
+  const distinctVersions = versions ? [...new Set(versions)] : [];
+  notes.push(distinctVersions.length > 1
+    ? `sampled by policy versions ${distinctVersions.join(", ")} (a weight update landed mid-sequence)`
+    : `policy version ${distinctVersions.length ? distinctVersions[0] : seq.policy_version}`);
   if (seq.model_calls > 1) notes.push(`the proxy merged ${seq.model_calls} model calls into this sequence`);
   const forks = {
     history_rewritten: "forked: the harness rewrote earlier turns, so the history did not extend the previous sequence",
@@ -361,7 +376,12 @@ function renderSequence(seq, k, total, texts) {
   const segment = (start, end, sampled, label) => {
     const tokens = el("div", { class: "tokens" });
     for (let i = start; i < end; i++) {
-      tokens.append(tokenSpan(seq, i, offsets[i], ranges, sampled ? sampledIndex++ : null));
+      const version = sampled && versions ? versions[sampledIndex] : null;
+      // Where the policy changes inside a completion, a mark (drawn by the stylesheet, not part of the text).
+      if (version !== null && i > start && version !== versions[sampledIndex - 1]) {
+        tokens.append(el("span", { class: "version-change", "data-version": version, title: `policy version ${version} from here` }));
+      }
+      tokens.append(tokenSpan(seq, i, offsets[i], ranges, sampled ? sampledIndex++ : null, version));
     }
     const seg = el("div", { class: "segment " + (sampled ? "completion" : "prompt") }, el("div", { class: "label", text: label }));
     // Long context (the system prompt, the tool list) is folded; what the model wrote never is.
@@ -374,7 +394,10 @@ function renderSequence(seq, k, total, texts) {
   };
   spans.forEach(([start, end], call) => {
     if (start > pos) segment(pos, start, false, call === 0 ? "prompt" : "context: tool results and the harness's next message");
-    segment(start, end, true, `model call ${call + 1}: sampled ${end - start} tokens`);
+    const first = versions ? sampledIndex : null;
+    const callVersions = versions ? [...new Set(versions.slice(first, first + end - start))] : [];
+    const by = callVersions.length > 1 ? ` by policy versions ${callVersions.join(" → ")}` : "";
+    segment(start, end, true, `model call ${call + 1}: sampled ${end - start} tokens${by}`);
     pos = end;
   });
   if (pos < pieces.length) segment(pos, pieces.length, false, "context after the last sampled token");
@@ -407,6 +430,7 @@ function renderTrajectory(main, t) {
     el("span", { class: "tok sampled", text: "sampled (trained)" }),
     el("span", { class: "tok sampled unlikely", text: "sampled with p < 0.1" }),
     el("span", { class: "tok sampled disagree", text: `learner and behaviour logprob differ by more than ${DISAGREE_NATS} nats` }),
+    el("span", { class: "version-change", "data-version": "N", title: "policy version N from here" }, "the policy changed (a weight update landed mid-completion)"),
     el("span", { class: "tok toolcall", text: "tool call" }),
     el("span", { class: "tok toolresult", text: "tool result" }));
   const info = el("div", { class: "token-info", id: "token-info", text: "hover, click or focus a token for its position, id, and behaviour and learner logprobs" });
