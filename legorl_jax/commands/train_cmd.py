@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             # Its thread would hold the exit until the update or publish ends (minutes at scale). Nothing
             # of it counts: the step goes back to the last checkpoint, a publish cut short leaves only a
             # staging directory the next publish removes, and every log is already closed.
-            log.warning("leaving the update or publish in flight unfinished: a resumed run redoes it")
+            log.warning("leaving the learner's update or publish in flight unfinished: a resumed run redoes it")
             _leave_now(128 + outcome.value)
         if not leader:
             _leave_now(128 + outcome.value)
