@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from legorl_jax.commands import add_config_arguments, load_command_config
+from legorl_jax.commands import add_config_arguments, load_command_config, raise_if_interrupted
 from legorl_jax.core import log_redaction
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     leader = join_process_group(config.learner.heartbeat_timeout_s)
     trainer = build_trainer(config, progress=None if leader and not args.no_progress else False)
     print(f"legorl train: run directory {trainer.run_dir}", flush=True)
+    raise_if_interrupted()  # from here the loop handles SIGINT: a Ctrl-C dropped during start-up must not be lost
     try:
         outcome = asyncio.run(run_until_signalled(trainer))
     except (LeaderStoppedError, ProcessFailedError) as exc:
