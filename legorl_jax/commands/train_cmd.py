@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         outcome = asyncio.run(run_until_signalled(trainer))
     except (LeaderStoppedError, ProcessFailedError) as exc:
         print(f"legorl train: {exc}", file=sys.stderr, flush=True)
+        if trainer.busy:  # an update or publish may wait in a collective for the process that is gone
+            _leave_now(1)
         return 1
     except Exception:
         if leader:
