@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+
+from legorl_jax import commands
 
 # name -> (module, one-line help). A module exposes `add_arguments(parser)` and
 # `run(args) -> int`. Only subcommands that work are listed here.
@@ -50,16 +53,28 @@ def main(argv: list[str] | None = None) -> int:
 
     # First, before any library starts a thread (see the module for why).
     keep_freed_memory()
-    args = build_parser().parse_args(argv)
-    from legorl_jax.core.config import ConfigError
-
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored (a background job)
+        signal.signal(signal.SIGINT, commands.on_sigint)
+        sys.unraisablehook = commands.unraisable_hook
+    name = "legorl"
     try:
-        return int(importlib.import_module(args._module).run(args) or 0)
-    except ConfigError as exc:
-        print(f"legorl {args.command}: {exc}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        name = f"legorl {args.command}"
+        from legorl_jax.core.config import ConfigError
+
+        try:
+            return int(importlib.import_module(args._module).run(args) or 0)
+        except ConfigError as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            return 2
     except KeyboardInterrupt:
-        print(f"legorl {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if not commands.interrupted:
+            raise
+        # What Ctrl-C broke on its way (an import cut short) is no error of the command's.
+        print(f"{name}: interrupted ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 130
 
 

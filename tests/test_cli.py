@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from legorl_jax.cli import SUBCOMMANDS
@@ -42,3 +43,42 @@ def test_config_error_exits_2_with_message() -> None:
     assert proc.returncode == 2
     assert "rl.group_size" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+CTRL_C_AT_START_UP = """
+import signal, sys, types
+from legorl_jax import cli, commands
+
+def run(args):
+    try:
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C, landing in an import or a library
+    except KeyboardInterrupt:
+        if args.how == "import":  # as jaxlib's extension does
+            raise ImportError("Encountered an error while initializing the extension.") from None
+        # "dropped": caught and forgotten
+    if args.how == "unraisable":  # where Python cannot raise it: it reports it and goes on
+        class Dropped:
+            def __del__(self):
+                signal.raise_signal(signal.SIGINT)
+        Dropped()
+    commands.raise_if_interrupted()
+    print("went on")
+    return 0
+
+fake = types.ModuleType("fake_cmd")
+fake.add_arguments = lambda parser: parser.add_argument("how")
+fake.run = run
+sys.modules["fake_cmd"] = fake
+cli.SUBCOMMANDS["fake"] = ("fake_cmd", "a stand-in")
+sys.exit(cli.main(["fake", sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("how", ["import", "dropped", "unraisable"])
+def test_ctrl_c_during_start_up_ends_quietly_however_a_library_takes_it(how: str) -> None:
+    """Ctrl-C before a command handles SIGINT itself: exit 130 and one line, no traceback,
+    even when the interrupt became an ImportError or was caught and dropped on the way."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_AT_START_UP, how], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr and "went on" not in done.stdout, done.stderr
+    assert done.stderr.startswith("legorl fake: interrupted"), done.stderr

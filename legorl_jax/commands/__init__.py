@@ -3,10 +3,39 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from legorl_jax.core.config import Config
+
+# Whether Ctrl-C came while `legorl` handled SIGINT as Python does (`on_sigint`). Here, not in
+# legorl_jax.cli, which is `__main__` under `python -m legorl_jax.cli`, a second copy to the commands.
+interrupted = False
+
+
+def on_sigint(signum: int, frame: FrameType | None) -> None:
+    """Python's own Ctrl-C handling, remembered: the KeyboardInterrupt may land in an import
+    whose extension turns it into another error (jaxlib's ImportError), or where it is dropped
+    (a garbage-collection callback, a library's catch-all)."""
+    global interrupted
+    interrupted = True
+    raise KeyboardInterrupt
+
+
+def unraisable_hook(unraisable: sys.UnraisableHookArgs) -> None:
+    """Python's report of an exception it cannot raise, except for a Ctrl-C `on_sigint` took
+    that landed in such a place (a garbage-collection callback): not lost, only late (`raise_if_interrupted`)."""
+    if not (interrupted and unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt)):
+        sys.__unraisablehook__(unraisable)
+
+
+def raise_if_interrupted() -> None:
+    """Raises KeyboardInterrupt if Ctrl-C came and was dropped on the way: a command calls it
+    before it takes over SIGINT itself (`legorl train` before its loop starts)."""
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, demo_default: bool) -> None:

@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from legorl_jax.commands import add_config_arguments, load_command_config
+from legorl_jax.commands import add_config_arguments, load_command_config, raise_if_interrupted
 from legorl_jax.core import log_redaction
 
 if TYPE_CHECKING:
@@ -36,7 +36,9 @@ async def run_until_signalled(trainer: Trainer) -> Path | signal.Signals:
     loop, so each part it started stops through its own cleanup: the step in flight is
     abandoned, trials are cancelled (their containers removed), the in-process rollout server
     drains and stops its engine and proxy network, checkpoints finish and the logs close.
-    Later signals while stopping are only logged: a second Ctrl-C must not cut that short."""
+    An update or a publish in flight runs on in its thread (`Trainer.busy`); `run` leaves
+    without waiting for it. Later signals while stopping are only logged: a second Ctrl-C
+    must not cut that short."""
     loop = asyncio.get_running_loop()
     training = asyncio.ensure_future(trainer.run())
     received: list[signal.Signals] = []
@@ -75,10 +77,13 @@ def run(args: argparse.Namespace) -> int:
     leader = join_process_group(config.learner.heartbeat_timeout_s)
     trainer = build_trainer(config, progress=None if leader and not args.no_progress else False)
     print(f"legorl train: run directory {trainer.run_dir}", flush=True)
+    raise_if_interrupted()  # from here the loop handles SIGINT: a Ctrl-C dropped during start-up must not be lost
     try:
         outcome = asyncio.run(run_until_signalled(trainer))
     except (LeaderStoppedError, ProcessFailedError) as exc:
         print(f"legorl train: {exc}", file=sys.stderr, flush=True)
+        if trainer.busy:  # an update or publish may wait in a collective for the process that is gone
+            _leave_now(1)
         return 1
     except Exception:
         if leader:
@@ -91,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
             f"run the same command again to resume from the last checkpoint in {trainer.run_dir / 'checkpoints'}",
             flush=True,
         )
+        if trainer.busy:
+            # Its thread would hold the exit until the update or publish ends (minutes at scale). Nothing
+            # of it counts: the step goes back to the last checkpoint, a publish cut short leaves only a
+            # staging directory the next publish removes, and every log is already closed.
+            log.warning("leaving the learner's update or publish in flight unfinished: a resumed run redoes it")
+            _leave_now(128 + outcome.value)
         if not leader:
             _leave_now(128 + outcome.value)
         return 128 + outcome.value
@@ -102,9 +113,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _leave_now(code: int) -> NoReturn:
-    """A follower that stops early leaves at once, not through JAX's shutdown, which would wait
-    for process 0 while process 0 may wait in a collective for this process: gone, the heartbeat
-    timeout bounds process 0's wait. It told process 0 why before (`Trainer.run`)."""
+    """Leaves at once, not through the interpreter's shutdown, which joins every thread. A
+    follower that stops early: JAX's shutdown would wait for process 0 while process 0 may wait
+    in a collective for this process; gone, the heartbeat timeout bounds process 0's wait. It
+    told process 0 why before (`Trainer.run`). A process stopped by a signal while its learner
+    thread still runs: the thread would hold the exit until its work ends."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

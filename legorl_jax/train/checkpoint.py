@@ -49,6 +49,9 @@ class Checkpointer:
                 save_interval_steps=cfg.every_steps,
                 enable_async_checkpointing=cfg.async_save,
                 create=True,
+                # A save cut short leaves a `<step>.orbax-checkpoint-tmp-*` directory that restores never
+                # read (they take finished steps only); removed before the first save of a resumed run.
+                cleanup_tmp_directories=True,
             ),
         )
 

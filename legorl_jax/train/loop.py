@@ -16,15 +16,25 @@ process 0 builds the model, drives the fleet, evaluates and writes the run's
 records; the others wait for its word (`coordination.ProcessGroup`), and all
 of them load the same model, restore the same checkpoint, train on the same
 batch, publish (process 0 writes) and checkpoint together.
+
+The learner's long host-side work (building the learner, each update, each
+publish) runs in a thread the trainer owns (`LearnerThread`): a stop cancels
+the loop's wait on it, not the work, and `Trainer.busy` tells `legorl train`
+that it still runs, so the command can leave without waiting for it. What such
+an exit cuts short is redone on resume: the step goes back to the last
+checkpoint, and a publish cut short left only a staging directory, never
+`LATEST` on an unfinished version.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -122,6 +132,29 @@ class _Run:
     progress: tqdm
 
 
+class LearnerThread(ThreadPoolExecutor):
+    """One thread for the learner's long host-side work, which knows whether any of it still runs
+    (`busy`): cancelling an `await` on it stops the waiting, not the work."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="legorl-learner")
+        self._unfinished: set[Future[Any]] = set()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future = super().submit(fn, *args, **kwargs)
+        self._unfinished.add(future)
+        future.add_done_callback(self._unfinished.discard)
+        return future
+
+    @property
+    def busy(self) -> bool:
+        return any(not f.done() for f in list(self._unfinished))
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in the thread, in this task's context (as `asyncio.to_thread`)."""
+        return await asyncio.get_running_loop().run_in_executor(self, contextvars.copy_context().run, fn, *args)
+
+
 class _NoSubscribers:
     """The other processes' side of a publish: they help gather the weights; process 0 loads them on the fleet."""
 
@@ -142,6 +175,13 @@ class Trainer:
         self.step = 0
         self.rollouts: RolloutLog | None = None  # set by run() on process 0
         self.group: ProcessGroup | None = None  # set by run()
+        self.worker = LearnerThread()  # a fresh one each run()
+
+    @property
+    def busy(self) -> bool:
+        """Whether an update or a publish (or the learner's build) still runs: after a stop, one
+        whose wait was cancelled."""
+        return self.worker.busy
 
     # ---------------------------------------------------------------- setup --
 
@@ -207,6 +247,7 @@ class Trainer:
     async def run(self) -> Path:
         """Trains to `total_steps` and returns the run directory (every process returns it)."""
         group = self.group = ProcessGroup()
+        self.worker = LearnerThread()
         if group.count > 1:
             log.info("%s: %d local devices of %d", group, jax.local_device_count(), jax.device_count())
         try:
@@ -218,6 +259,8 @@ class Trainer:
             group.report_failure(reason)
             await group.abort(reason)
             raise
+        finally:
+            self.worker.shutdown(wait=False)  # what still runs goes on: `busy` says so
 
     async def _model_dir(self, group: ProcessGroup) -> Path:
         """The starting model, built by process 0 first; the others then find it (shared
@@ -237,7 +280,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         model_dir = await self._model_dir(group)
-        learner = await asyncio.to_thread(self._build_learner, model_dir)
+        learner = await self.worker.run(self._build_learner, model_dir)
         checkpoints = Checkpointer(self.run_dir / "checkpoints", cfg.learner.checkpoint)
         rng = jax.random.key(cfg.seed)
         restored = checkpoints.restore_latest(learner)
@@ -258,7 +301,7 @@ class Trainer:
             full_every=cfg.fleet.weights_full_every,
         )
         # Step-0 rollouts must see the learner's real weights: publish before any rollout.
-        location = await asyncio.to_thread(publisher.publish, learner.model(), self.version)
+        location = await self.worker.run(publisher.publish, learner.model(), self.version)
         if not group.is_leader:
             try:
                 await self._follow(learner, checkpoints, publisher, rng)
@@ -340,16 +383,16 @@ class Trainer:
         started = time.monotonic()
         learner_logprobs: list[np.ndarray | None] = []  # per trained sequence, for rollouts.jsonl
         if step.sequences:
-            metrics, learner_logprobs = await asyncio.to_thread(
-                self._train, learner, step.sequences, step.keep_logprobs
-            )
+            metrics, learner_logprobs = await self.worker.run(self._train, learner, step.sequences, step.keep_logprobs)
         else:
             metrics = {"skipped_update": 1.0}  # no group had reward contrast after every retry
             learner.step += 1
         learner_s = time.monotonic() - started
-        self.step = learner.step
-        published = await publish_weights(publisher, subscribers, learner.model(), self.version + 1)
-        self.version = published.version
+        published = await publish_weights(
+            publisher, subscribers, learner.model(), self.version + 1, executor=self.worker
+        )
+        # Only now: a step stopped before its weights are out is not done.
+        self.step, self.version = learner.step, published.version
         return metrics, learner_logprobs, learner_s, published
 
     async def _follow(

@@ -39,6 +39,7 @@ learner's real weights, not from whatever the engine booted with.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import math
@@ -49,6 +50,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -117,16 +119,23 @@ class PublishReport:
 
 
 async def publish_weights(
-    publisher: WeightPublisher, subscribers: WeightSubscribers, model: CausalLM, version: int
+    publisher: WeightPublisher,
+    subscribers: WeightSubscribers,
+    model: CausalLM,
+    version: int,
+    *,
+    executor: Executor | None = None,
 ) -> PublishReport:
     """Publishes `model` as `version` and has the servers load it, timing both.
+    The export runs on `executor` (default: the event loop's).
 
     Multi-host: every process must publish (to_hf gathers across hosts), so
     call this on every process with subscribers that do nothing off process 0.
     """
     started = time.monotonic()
     # The export is host-bound (device gets, disk writes); keep the event loop live.
-    location = await asyncio.to_thread(publisher.publish, model, version)
+    in_context = contextvars.copy_context().run
+    location = await asyncio.get_running_loop().run_in_executor(executor, in_context, publisher.publish, model, version)
     published = time.monotonic()
     loaded = await subscribers.update_weights(version, location)
     load_s = time.monotonic() - published

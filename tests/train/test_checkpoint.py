@@ -4,6 +4,7 @@ like a run that was never interrupted; retention and save cadence follow config.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,3 +77,27 @@ def test_cadence_retention_and_empty_directory(tmp_path: Path) -> None:
     assert [s for s, ok in zip(range(1, 10), saved, strict=True) if ok] == [1, 3, 6, 9]
     assert ckpt.manager.all_steps() == [9, 10]
     ckpt.close()
+
+
+def test_a_save_cut_short_is_never_restored_and_is_cleaned_up(tmp_path: Path) -> None:
+    """A process stopped mid-save leaves Orbax's staging directory for that step: a resumed
+    run restores the last finished step and removes the leftover before it saves."""
+    learner = _learner()
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(every_steps=1, keep=3, async_save=False))
+    for step in (1, 2):
+        learner.step = step
+        ckpt.save(learner, policy_version=step, rng=jax.random.key(step))
+    ckpt.close()
+    # Step 3's save, cut short: its files written, the directory never renamed into place.
+    torn = tmp_path / "3.orbax-checkpoint-tmp-1700000000000000"
+    shutil.copytree(tmp_path / "2", torn)
+
+    resumed = _learner()
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(every_steps=1, keep=3, async_save=False))
+    state = ckpt.restore_latest(resumed)
+    assert state is not None and (state.step, state.policy_version, resumed.step) == (2, 2, 2)
+    resumed.step = 3
+    assert ckpt.save(resumed, policy_version=3, rng=state.rng)
+    ckpt.wait()
+    ckpt.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]
