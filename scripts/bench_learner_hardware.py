@@ -46,7 +46,9 @@ appended as each plan finishes). Each row is `legorl plan` of the shipped config
 `configs/hf/`) on the named slice, compiled on a CPU machine: TPU programs by
 libtpu, H100 programs by jax's CUDA plugin without a GPU. Only the longest length
 bucket's plain rows and the optimizer update are compiled (every bucket's
-micro-batch holds the same tokens; tree rows would add their own row).
+micro-batch holds the same tokens; tree rows would add their own row). A slice
+whose data-parallel shards outnumber the config's micro-batch rows gets a
+micro-batch of one row per shard (the tokens per step stay the config's).
 
 How to read it: HBM is the compiler's peak per chip (arguments, outputs,
 temporaries, code, plus the optimizer state the micro-step keeps resident). Step
@@ -71,11 +73,24 @@ COLUMNS = ["model", "slice", "chips", "mesh", "HBM peak / chip (GiB)", "capacity
 HEADER += f"| {' | '.join(COLUMNS)} |\n|{' --- |' * len(COLUMNS)}\n"
 
 
+def micro_batch_tokens(config: str, slice_name: str) -> int:
+    """The config's micro-batch, or more where the slice's data-parallel shards need a row each:
+    a wider fsdp on a bigger slice holds no fewer rows (the plan refuses a budget that cannot)."""
+    from legorl_jax.core.config import load_config
+    from legorl_jax.train.chips import parse_topology
+
+    cfg = load_config(REPO / config)
+    mesh = cfg.learner.mesh
+    shards = parse_topology(slice_name).chips // (mesh.tensor * mesh.expert)
+    return max(cfg.learner.micro_batch_tokens, shards * max(cfg.learner.length_buckets))
+
+
 def plan_row(name: str, slice_name: str, tmp: Path) -> str:
     config, hf = MODELS[name]
     out = tmp / f"{name}-{slice_name}.json"
+    budget = f"learner.micro_batch_tokens={micro_batch_tokens(config, slice_name)}"
     cmd = [sys.executable, "-m", "legorl_jax.cli", "plan", "--config", config, "--topology", slice_name,
-           "--model-config", hf, "--json", str(out), *STEP_ONLY]  # fmt: skip
+           "--model-config", hf, "--json", str(out), *STEP_ONLY, "--set", budget]  # fmt: skip
     began = time.monotonic()
     run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     took = time.monotonic() - began

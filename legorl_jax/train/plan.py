@@ -357,6 +357,13 @@ def plan_learner(
         mesh = learner_mesh(cfg.learner.mesh, devices)
     except ValueError as exc:
         raise PlanError(f"learner.mesh on {topology.name} ({len(devices)} devices): {exc}") from exc
+    except AssertionError as exc:  # jax's mesh builder on devices it does not accept
+        if len(devices) > topology.chips:
+            raise PlanError(
+                f"libtpu describes {topology.name} by TensorCore ({len(devices)} devices on {topology.chips} "
+                "chips) and jax builds TPU meshes over one device per chip (megacore): not plannable here"
+            ) from exc
+        raise
     model_config = from_hf_config(
         hf_config,
         param_dtype=cfg.model.param_dtype,
