@@ -230,7 +230,9 @@ class Plan:
         }
 
 
-_OVER_HBM = re.compile(r"RESOURCE_EXHAUSTED.*?temporaries \(([\d.]+)([KMGT])\)")
+# The compiler's refusals for want of HBM, in the two wordings libtpu uses: the temporaries it
+# needed, or all it would have used ("Ran out of memory in memory space hbm. Used 16.05G of 15.75G").
+_OVER_HBM = re.compile(r"RESOURCE_EXHAUSTED.*?(?:temporaries \(|memory space hbm\. Used )([\d.]+)([KMGT])")
 
 
 def _compile(name: str, lowered: Any, resident_extra_bytes: int) -> Program:

@@ -133,3 +133,20 @@ def test_a_small_qwen3_step_compiles_for_h100_hosts_without_a_gpu(tmp_path: Path
     assert 0 < plan["hbm_peak_bytes_per_device"] < plan["hbm_capacity_bytes_per_device"] == 80 * 10**9
     assert plan["bound_s"]["HBM bandwidth"] == 0 and plan["bound_s"]["FLOPs"] > 0 and plan["bound_s"]["ICI"] > 0
     assert "no cost analysis" in stdout
+
+
+@pytest.mark.parametrize(
+    "message, gib",
+    [
+        # v5e-32 refusing Qwen3-8B's 32k rows (libtpu 0.0.42.1's wording)
+        ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out of memory "
+         "in memory space hbm. Used 16.05G of 15.75G hbm. Exceeded hbm capacity by 306.38M.", 16.05),
+        ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm; "
+         "temporaries (138.2G) exceed the capacity", 138.2),
+    ],
+)  # fmt: skip
+def test_compiler_hbm_refusals_are_read_as_not_fitting(message: str, gib: float) -> None:
+    from legorl_jax.train.plan import _OVER_HBM
+
+    match = _OVER_HBM.search(message)
+    assert match is not None and (float(match.group(1)), match.group(2)) == (gib, "G")
