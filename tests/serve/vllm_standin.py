@@ -162,6 +162,8 @@ class Engine:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.config = json.loads((Path(args.model) / "config.json").read_text())
+        if args.max_model_len is None:
+            args.max_model_len = int(self.config["max_position_embeddings"])
         self.vocab = int(self.config["vocab_size"])
         eos = self.config.get("eos_token_id")
         self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -535,7 +537,8 @@ def main(argv: list[str]) -> int:
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--served-model-name", required=True)
     serve.add_argument("--tokenizer", default=None)
-    serve.add_argument("--max-model-len", type=int, required=True)
+    # As vLLM: without it the model's own context (config.json's max_position_embeddings).
+    serve.add_argument("--max-model-len", type=int)
     serve.add_argument("--max-num-seqs", type=int, required=True)
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument(
