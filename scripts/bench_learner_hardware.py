@@ -7,7 +7,7 @@ config on a slice, compiling the programs that price a step: the micro-step at t
 longest length bucket (plain rows: prefix sharing's tree rows are left out to keep
 the compiles few; `legorl plan` on the config itself compiles them too) and the
 optimizer update. Rows go to `--out` as each finishes, so an interrupted run keeps
-what it had; a row that exists is not planned again unless `--again`.
+what it had; a row that exists is not planned again unless it failed or `--again`.
 
     .venv/bin/python scripts/bench_learner_hardware.py [--models qwen3-8b ...] [--slices v5p-64 ...]
     .venv/bin/python scripts/bench_learner_hardware.py --cpu-check
@@ -41,7 +41,7 @@ STEP_ONLY = ["--set", "learner.share_prefixes=false"]
 HEADER = """# Learner hardware: the GRPO step planned across accelerators
 
 Written by `scripts/bench_learner_hardware.py` (rerun it to refresh; rows are
-appended as each plan finishes). Each row is `legorl plan` of the shipped config
+written as each plan finishes). Each row is `legorl plan` of the shipped config
 (`configs/qwen3_8b_v5p.yaml`, `configs/qwen3_30b_a3b.yaml`, models from
 `configs/hf/`) on the named slice, compiled on a CPU machine: TPU programs by
 libtpu, H100 programs by jax's CUDA plugin without a GPU. Only the longest length
@@ -59,7 +59,7 @@ the published bandwidth, and its collectives' bytes (fsdp gathers and gradient
 reduce-scatters, tensor-parallel all-reduces; not MoE's token exchange) at half
 the published bidirectional link bandwidth per chip. "limit" names the longest.
 A best case: real steps add kernel inefficiency and imperfect overlap (see the
-CPU check below for how far a measured step sits from its estimate).
+CPU check in `docs/benchmarks.md`, `--cpu-check`, for how far a measured step sits from its estimate).
 
 GPU columns: XLA compiles for an H100 without one, given the GPU's description
 (`legorl_jax/train/gpu_target.py`); it then reports memory but no cost
@@ -109,20 +109,34 @@ def plan_row(name: str, slice_name: str, tmp: Path) -> str:
 
 
 def compare(args: argparse.Namespace) -> None:
-    if not args.out.exists() or args.again:
+    if args.again or not args.out.exists():
         args.out.write_text(HEADER)
-    done = args.out.read_text()
+    rows = _rows(args.out.read_text())
     tmp = REPO / ".cache" / "plans"
     tmp.mkdir(parents=True, exist_ok=True)
     for name in args.models:
         for slice_name in args.slices:
-            if f"| {name} | {slice_name} |" in done:
-                continue
+            if "plan failed" not in rows.get((name, slice_name), "plan failed"):
+                continue  # planned already; a failed plan is tried again
             print(f"planning {name} on {slice_name}", flush=True)
             row = plan_row(name, slice_name, tmp)
             print(row, flush=True)
-            with args.out.open("a") as f:
-                f.write(row + "\n")
+            # Read again: another run of this script may have written rows meanwhile.
+            rows = {**_rows(args.out.read_text()), (name, slice_name): row}
+            args.out.write_text(HEADER + "".join(row + "\n" for _, row in sorted(rows.items(), key=_order)))
+
+
+def _rows(text: str) -> dict[tuple[str, str], str]:
+    """The table's rows by (model, slice)."""
+    cells = (
+        line.split(" | ") for line in text.splitlines() if line.startswith("| ") and line[2:].split(" | ")[0] in MODELS
+    )
+    return {(c[0][2:], c[1]): " | ".join(c) for c in cells}
+
+
+def _order(item: tuple[tuple[str, str], str]) -> tuple[int, int]:
+    (name, slice_name), _ = item
+    return list(MODELS).index(name), SLICES.index(slice_name) if slice_name in SLICES else len(SLICES)
 
 
 def cpu_check(args: argparse.Namespace) -> dict:

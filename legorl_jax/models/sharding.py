@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
@@ -57,7 +58,16 @@ def make_mesh(
         raise ValueError(f"mesh {named} needs {int(np.prod(sizes))} devices, have {n}")
     # Auto axes: XLA propagates shardings through the model; explicit axes
     # would demand an out_sharding on every gather and einsum.
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+    auto = (AxisType.Auto,) * len(MESH_AXES)
+    try:
+        return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=auto, devices=devices)
+    except NotImplementedError:
+        # No whole physical axes make one of the sizes (fsdp 16 x tensor 4 on a v6e 8x8
+        # torus): lay a mesh axis over part of a physical one, as jax does for v5e.
+        grid = mesh_utils.create_device_mesh(
+            tuple(sizes), list(devices) if devices is not None else jax.devices(), allow_split_physical_axes=True
+        )
+        return Mesh(grid, MESH_AXES, axis_types=auto)
 
 
 def partition_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:

@@ -84,8 +84,11 @@ def target_devices(topology: Topology) -> list[Any]:
             f"libtpu is not installed: run ./scripts/setup (it puts libtpu {LIBTPU_PIN} under "
             f"{cache_root() / LIBTPU_DIR}) or pip install libtpu=={LIBTPU_PIN}"
         ) from None
+    # A v4 or v5p chip's two TensorCores run as one device (megacore), as on a real
+    # slice; libtpu otherwise describes v4 by TensorCore, over which jax builds no mesh.
+    options = {"chip_config_name": "megacore"} if topology.chip.cores_per_chip_in_name == 2 else {}
     try:
-        return list(topologies.get_topology_desc(topology_name=topology.name, platform="tpu").devices)
+        return list(topologies.get_topology_desc(topology_name=topology.name, platform="tpu", **options).devices)
     except Exception as exc:  # libtpu's own error type is not public
         raise PlanError(f"libtpu has no topology {topology.name}: {exc}") from exc
 
@@ -359,13 +362,6 @@ def plan_learner(
         mesh = learner_mesh(cfg.learner.mesh, devices)
     except ValueError as exc:
         raise PlanError(f"learner.mesh on {topology.name} ({len(devices)} devices): {exc}") from exc
-    except AssertionError as exc:  # jax's mesh builder on devices it does not accept
-        if len(devices) > topology.chips:
-            raise PlanError(
-                f"libtpu describes {topology.name} by TensorCore ({len(devices)} devices on {topology.chips} "
-                "chips) and jax builds TPU meshes over one device per chip (megacore): not plannable here"
-            ) from exc
-        raise
     model_config = from_hf_config(
         hf_config,
         param_dtype=cfg.model.param_dtype,

@@ -150,3 +150,26 @@ def test_compiler_hbm_refusals_are_read_as_not_fitting(message: str, gib: float)
 
     match = _OVER_HBM.search(message)
     assert match is not None and (float(match.group(1)), match.group(2)) == (gib, "G")
+
+
+_MESHES = """
+from legorl_jax.train.plan import target_devices, use_compiler
+use_compiler("tpu")
+from legorl_jax.models import make_mesh
+from legorl_jax.train.chips import parse_topology
+v4 = target_devices(parse_topology("v4-16"))
+print(len(v4), dict(make_mesh(1, -1, 4, 1, devices=v4).shape))
+v6e = target_devices(parse_topology("v6e-64"))
+print(len(v6e), dict(make_mesh(1, -1, 4, 1, devices=v6e).shape))
+"""
+
+
+@pytest.mark.libtpu
+def test_v4_and_a_v6e_8x8_take_a_tensor_parallel_mesh() -> None:
+    """A v4 slice is one device per chip (megacore), as on a real v4; fsdp 16 x tensor 4
+    on v6e's 8x8 torus needs a mesh axis laid over part of a physical one."""
+    out = subprocess.run([sys.executable, "-c", _MESHES], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()[-2:]
+    assert lines[0] == "8 {'data': 1, 'fsdp': 2, 'tensor': 4, 'expert': 1}"
+    assert lines[1] == "64 {'data': 1, 'fsdp': 16, 'tensor': 4, 'expert': 1}"
