@@ -30,6 +30,41 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Strict):
+    """Low-rank adapters trained on a frozen base (`legorl_jax/models/lora.py`)."""
+
+    rank: int = Field(16, gt=0, description="The adapters' rank r.")
+    alpha: float = Field(32.0, gt=0, description="Scale numerator: an adapter adds (alpha / rank) * B @ A.")
+    dropout: float = Field(
+        0.0,
+        description="Dropout on the adapters' input. Only 0: the engine samples without dropout, and a policy "
+        "trained with it would not be the policy that sampled (importance ratios off by the dropout noise).",
+    )
+    targets: list[LoraTarget] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+        description="Projections that get adapters: attention (q/k/v/o_proj) and the dense MLP (gate/up/down_proj).",
+    )
+    experts: bool = Field(
+        False,
+        description="MoE models: adapters on the experts too. Only false (not built yet): a MoE model trains "
+        "adapters on attention, its experts and router stay frozen.",
+    )
+
+    @model_validator(mode="after")
+    def _supported(self) -> LoraConfig:
+        if self.dropout != 0.0:
+            raise ValueError(f"dropout must be 0, got {self.dropout} (see the field's description)")
+        if self.experts:
+            raise ValueError("experts: true is not supported yet; experts: false adapts attention only on MoE")
+        if len(set(self.targets)) != len(self.targets):
+            raise ValueError(f"targets has duplicates: {self.targets}")
+        return self
+
+
 class ModelRunConfig(Strict):
     """The policy network."""
 
@@ -59,6 +94,10 @@ class ModelRunConfig(Strict):
         "that are not multiples of 128. See legorl_jax/models/attention.py.",
     )
     max_seq_len: int = Field(4096, gt=0, description="Longest packed row the learner trains on.")
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train low-rank adapters on a frozen base instead of every weight; null trains the full model.",
+    )
 
 
 class MeshConfig(Strict):

@@ -28,6 +28,7 @@ from jax.sharding import Mesh
 from legorl_jax.core.safetensors_io import SafetensorsFile, read_blocks, save_file
 from legorl_jax.models.config import AttentionKernel, DType, ModelConfig, Remat, from_hf_config, to_hf_config
 from legorl_jax.models.hf_names import IGNORED_HF_SUFFIXES, TensorMap, tensor_map
+from legorl_jax.models.lora import adapted, merged_weight
 from legorl_jax.models.sharding import param_sharding
 from legorl_jax.models.transformer import CausalLM
 
@@ -195,9 +196,14 @@ def _host_array(value: jax.Array, dtype: Any) -> np.ndarray:
 
 def _hf_tensors(model: CausalLM, dtype: Any | None) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, host array) for every tensor, one stacked parameter fetched at a time."""
+    # Adapters are written folded into their weights: what an engine serves.
+    merged = {(*stem, "weight"): module for stem, module in adapted(model)}
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        value = var.get_value()
-        tmap = tensor_map(tuple(map(str, p)))  # keys are attribute names: the model holds no lists
+        path = tuple(map(str, p))  # keys are attribute names: the model holds no lists
+        if isinstance(var, nnx.LoRAParam):
+            continue
+        value = merged_weight(merged[path]) if path in merged else var.get_value()
+        tmap = tensor_map(path)
         host = _host_array(value, dtype or value.dtype)
         for idx, name in tmap.hf_names(host.shape):
             yield name, np.ascontiguousarray(host[idx])

@@ -38,6 +38,10 @@ class Linear(nnx.Module):
         self.compute_dtype = jnp.dtype(config.compute_dtype)
         self.serving = False
         self.input_major = False
+        # Low-rank adapters, when added (`legorl_jax/models/lora.py`): A [r, in], B [out, r].
+        self.lora_a: nnx.LoRAParam | None = nnx.data(None)
+        self.lora_b: nnx.LoRAParam | None = nnx.data(None)
+        self.lora_scale = 0.0
 
     def prepare_for_serving(self) -> None:
         """Sets up the few-row products of decode steps (see `CausalLM.prepare_for_serving`).
@@ -50,6 +54,8 @@ class Linear(nnx.Module):
         """
         if self.serving:
             return
+        if self.lora_a is not None:
+            raise ValueError("a projection with adapters is served merged: export the model with to_hf first")
         self.serving = True
         if not cpu_kernels.available():
             self.weight = nnx.Param(jnp.swapaxes(self.weight[...], -1, -2))  # a new row-major array
@@ -65,4 +71,7 @@ class Linear(nnx.Module):
                 value = value.stack[value.layer]  # a prefill chunk: the copy is small beside its product
             pattern = "...i,io->...o" if self.input_major else "...i,oi->...o"
             y = jnp.einsum(pattern, x, value.astype(cd))
+        if self.lora_a is not None and self.lora_b is not None:
+            low = jnp.einsum("...i,ri->...r", x, self.lora_a[...].astype(cd))
+            y = y + self.lora_scale * jnp.einsum("...r,or->...o", low, self.lora_b[...].astype(cd))
         return y if self.bias is None else y + self.bias[...].astype(cd)

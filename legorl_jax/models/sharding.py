@@ -73,13 +73,25 @@ def make_mesh(
 def partition_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
     """Spec for one parameter; an axis that does not divide its dim is dropped (replicated)."""
     key = "/".join(path)
-    trailing = next((spec for pattern, spec in _RULES if re.search(pattern, key)), None)
-    if trailing is None:
-        raise KeyError(f"no partition rule for parameter {key!r}")
+    trailing: tuple[str | None, ...]
+    if path[-1] in ("lora_a", "lora_b"):
+        # An adapter follows its weight [out, in]: A [r, in] shards as the weight's input,
+        # B [out, r] as its output; the rank axis is small and stays whole.
+        out_axis, in_axis = _trailing("/".join((*path[:-1], "weight")))
+        trailing = (None, in_axis) if path[-1] == "lora_a" else (out_axis, None)
+    else:
+        trailing = _trailing(key)
     spec = (None,) * (len(shape) - len(trailing)) + trailing
     return PartitionSpec(
         *(axis if axis is None or dim % mesh.shape[axis] == 0 else None for axis, dim in zip(spec, shape, strict=True))
     )
+
+
+def _trailing(key: str) -> tuple[str | None, ...]:
+    trailing = next((spec for pattern, spec in _RULES if re.search(pattern, key)), None)
+    if trailing is None:
+        raise KeyError(f"no partition rule for parameter {key!r}")
+    return trailing
 
 
 def param_sharding(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh | None) -> jax.sharding.Sharding:

@@ -25,6 +25,10 @@ from legorl_jax.core.config import CheckpointConfig
 from legorl_jax.train.step import Learner
 
 
+class CheckpointMismatch(ValueError):
+    """A checkpoint that this run's learner cannot take up (it trained other parameters)."""
+
+
 @dataclass(frozen=True)
 class RestoredState:
     step: int
@@ -69,7 +73,12 @@ class Checkpointer:
         Returns whether a save started; with async saves it completes in the
         background (`wait()` blocks until it is on disk).
         """
-        meta = {"step": learner.step, "policy_version": int(policy_version), "cursor": cursor or {}}
+        meta = {
+            "step": learner.step,
+            "policy_version": int(policy_version),
+            "cursor": cursor or {},
+            "lora": learner.lora,
+        }
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(learner.params),
             opt_state=ocp.args.StandardSave(learner.opt_state),
@@ -91,6 +100,13 @@ class Checkpointer:
         abstract = lambda tree, sh: jax.tree.map(  # noqa: E731
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh
         )
+        saved = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        if bool(saved.get("lora", False)) != learner.lora:
+            trained = {True: "LoRA adapters", False: "every weight"}
+            raise CheckpointMismatch(
+                f"the checkpoint at step {step} trained {trained[bool(saved.get('lora', False))]} and this run's "
+                f"model.lora trains {trained[learner.lora]}: set model.lora as the run that saved it had it"
+            )
         restored = self.manager.restore(
             step,
             args=ocp.args.Composite(

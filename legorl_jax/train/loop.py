@@ -47,6 +47,7 @@ from legorl_jax.core.config import Config, dump_config
 from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import Fleet, GroupResult, LocalServer, configured_fleet
 from legorl_jax.models import from_hf
+from legorl_jax.models.lora import add_adapters
 from legorl_jax.rl.batching import TrainSequence
 from legorl_jax.train.assemble import assemble, is_informative
 from legorl_jax.train.checkpoint import Checkpointer
@@ -196,6 +197,12 @@ class Trainer:
             attention_kernel=cfg.model.attention_kernel,
             mesh=mesh,
         )
+        if cfg.model.lora is not None:
+            lora = cfg.model.lora
+            adapted = add_adapters(
+                model, rank=lora.rank, alpha=lora.alpha, targets=list(lora.targets), seed=cfg.seed, mesh=mesh
+            )
+            log.info("LoRA rank %d on %d projections; the base stays frozen", lora.rank, len(adapted))
         return Learner(model, cfg.rl, cfg.learner, mesh)
 
     def fleet_session(self, model_dir: Path) -> contextlib.AbstractAsyncContextManager[Fleet]:

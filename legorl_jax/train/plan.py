@@ -391,7 +391,7 @@ def plan_learner(
             progress(f"compiling {name} for {topology.name}")
             batch = _abstract_batch(rows, bucket, tree, sharding)
             with jax.set_mesh(mesh):
-                lowered = learner._micro.lower(learner.params, learner.ref_params, acc, batch, aux)
+                lowered = learner._micro.lower(learner.params, learner.frozen, learner.ref_params, acc, batch, aux)
             programs.append(_compile(name, lowered, opt_bytes))
         progress(f"compiling optimizer_update for {topology.name}")
         normaliser = jax.ShapeDtypeStruct((), jnp.float32)

@@ -85,7 +85,9 @@ class Learner:
     """Parameters, optimizer state and the jitted step functions of one policy.
 
     The reference policy for the KL term (only kept when `rl.kl_coef > 0`) is the
-    policy the learner starts from. Built from an abstract model (`nnx.eval_shape`:
+    policy the learner starts from. A model with adapters (`models/lora.py`) trains
+    only them: `params` and the optimizer hold the adapters, the base weights are
+    `frozen` (sharded like parameters, never donated, no gradient). Built from an abstract model (`nnx.eval_shape`:
     shapes, no arrays) the learner holds only shapes and shardings: its step
     functions can then be lowered and compiled, not run (`legorl plan`).
     """
@@ -95,10 +97,14 @@ class Learner:
     ) -> None:
         self.rl, self.cfg, self.mesh, self.max_segments = rl, learner, mesh, max_segments
         # Pure dicts of arrays: what optax, orbax and jit shardings handle natively.
-        self.graphdef, state, *others = nnx.split(model, nnx.Param, ...)  # others: the one state of `...`
-        params, rest = state.to_pure_dict(), others[0].to_pure_dict()
+        self.lora = any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+        trainable = nnx.LoRAParam if self.lora else nnx.Param
+        # The first filter a variable matches takes it: without adapters `frozen` is empty.
+        self.graphdef, *states = nnx.split(model, trainable, nnx.Param, ...)
+        params, frozen, rest = (state.to_pure_dict() for state in states)
         self.model_config = model.config
         self.param_sh = param_shardings(params, mesh)
+        self.frozen_sh = param_shardings(frozen, mesh)
         # Copies, not aliases: updates donate (free) the learner's buffers, and the
         # caller's model (or the reference policy) must survive them.
         abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
@@ -108,6 +114,7 @@ class Learner:
 
         copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_sh)
         self.params = place(copy, params)
+        self.frozen = frozen if abstract else jax.device_put(frozen, self.frozen_sh)
         self._rest = place(jax.jit(lambda r: r, out_shardings=replicated(mesh)), rest)
         self.tx = build_optimizer(learner.optimizer)
         self.schedule = learning_rate_schedule(learner.optimizer)
@@ -129,9 +136,9 @@ class Learner:
         )
         self._micro = jax.jit(
             self._micro_step,
-            in_shardings=(self.param_sh, ref_sh, self._acc_sh, batch_sh, rep),
+            in_shardings=(self.param_sh, self.frozen_sh, ref_sh, self._acc_sh, batch_sh, rep),
             out_shardings=(self._acc_sh, batch_sh),
-            donate_argnums=(2,),
+            donate_argnums=(3,),
         )
         self._apply = jax.jit(
             self._apply_update,
@@ -167,7 +174,7 @@ class Learner:
     def model(self) -> CausalLM:
         """The current policy as an NNX module sharing the learner's arrays: valid
         until the next `train_step`, which donates (frees) them."""
-        return nnx.merge(self.graphdef, self.params, self._rest)
+        return nnx.merge(self.graphdef, self.params, self.frozen, self._rest)
 
     def accumulate(self, packed: PackedStep) -> tuple[Params, Array, dict]:
         """Σ over micro-batches of (∇ numerator, numerator, metric sums): no update."""
@@ -187,7 +194,7 @@ class Learner:
         # then runs per shard (legorl_jax/models/attention.py).
         with jax.set_mesh(self.mesh):
             for mb in packed.micro_batches:
-                acc, lp = self._micro(self.params, self.ref_params, acc, self.device_batch(mb), aux_scale)
+                acc, lp = self._micro(self.params, self.frozen, self.ref_params, acc, self.device_batch(mb), aux_scale)
                 logprobs.append(lp)
         return acc, logprobs
 
@@ -224,14 +231,19 @@ class Learner:
         batch["seq_ids"] = jax.ShapeDtypeStruct((rows, 1), jnp.int32)
         with jax.set_mesh(self.mesh):
             grads, loss, metrics, _ = jax.eval_shape(
-                self._micro_grads, self.params, self.ref_params, batch, jax.ShapeDtypeStruct((), jnp.float32)
+                self._micro_grads,
+                self.params,
+                self.frozen,
+                self.ref_params,
+                batch,
+                jax.ShapeDtypeStruct((), jnp.float32),
             )
         return {"grads": grads, "loss": loss, "metrics": metrics}
 
     # ---- traced ----------------------------------------------------------------
-    def _logprobs(self, params: Params, batch: dict[str, Array]) -> tuple[Array, dict[str, Array]]:
+    def _logprobs(self, params: Params, frozen: Params, batch: dict[str, Array]) -> tuple[Array, dict[str, Array]]:
         return token_logprobs_with_aux(
-            nnx.merge(self.graphdef, params, self._rest),
+            nnx.merge(self.graphdef, params, frozen, self._rest),
             batch["tokens"],
             positions=batch["positions"],
             segment_ids=batch["segment_ids"],
@@ -242,14 +254,14 @@ class Learner:
         )
 
     def _micro_grads(
-        self, params: Params, ref_params: Params | None, batch: dict[str, Array], aux_scale: Array
+        self, params: Params, frozen: Params, ref_params: Params | None, batch: dict[str, Array], aux_scale: Array
     ) -> tuple[Params, Array, dict, Array]:
         ref_logprobs = None
         if ref_params is not None:
-            ref_logprobs = jax.lax.stop_gradient(self._logprobs(ref_params, batch)[0])
+            ref_logprobs = jax.lax.stop_gradient(self._logprobs(ref_params, frozen, batch)[0])
 
         def numerator(p: Params) -> tuple[Array, tuple[dict, Array]]:
-            logprobs, aux = self._logprobs(p, batch)
+            logprobs, aux = self._logprobs(p, frozen, batch)
             inputs = PolicyInputs(
                 logprobs,
                 batch["behavior_logprobs"],
@@ -268,9 +280,15 @@ class Learner:
         return grads, value, metrics, logprobs
 
     def _micro_step(
-        self, params: Params, ref_params: Params | None, acc: dict, batch: dict[str, Array], aux_scale: Array
+        self,
+        params: Params,
+        frozen: Params,
+        ref_params: Params | None,
+        acc: dict,
+        batch: dict[str, Array],
+        aux_scale: Array,
     ) -> tuple[dict, Array]:
-        grads, value, metrics, logprobs = self._micro_grads(params, ref_params, batch, aux_scale)
+        grads, value, metrics, logprobs = self._micro_grads(params, frozen, ref_params, batch, aux_scale)
         acc = {
             "grads": jax.tree.map(jnp.add, acc["grads"], grads),
             "loss": acc["loss"] + value,

@@ -1,0 +1,130 @@
+"""Low-rank adapters (LoRA) on the model's projections, and their PEFT format.
+
+An adapted projection computes W x + (alpha / r) * B (A x), with A [r, in] and
+B [out, r] stacked over layers like W ([L, r, in], [L, out, r]). B starts at
+zero, so adding adapters leaves the model's outputs unchanged. Adapters are
+`nnx.LoRAParam`s: the learner trains those and keeps every other parameter
+frozen. Exports stay plain: `to_hf` of an adapted model writes the merged
+weights (W + scale * B @ A), and `save_peft` writes the adapters alone as a PEFT
+directory, named as PEFT names them on the `transformers` model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from legorl_jax.core.safetensors_io import save_file
+from legorl_jax.models.hf_names import tensor_map
+from legorl_jax.models.linear import Linear
+from legorl_jax.models.sharding import param_sharding
+from legorl_jax.models.transformer import CausalLM
+
+PEFT_PREFIX = "base_model.model."  # where PEFT's LoraModel puts the wrapped model's own names
+
+
+class LoraError(ValueError):
+    """Adapters asked for that this model cannot take."""
+
+
+def add_adapters(
+    model: CausalLM, *, rank: int, alpha: float, targets: list[str], seed: int, mesh: Mesh | None = None
+) -> list[str]:
+    """Adds adapters to every layer's projections named in `targets` (e.g. "q_proj",
+    "down_proj"); returns the adapted projections' paths. A is drawn as PEFT draws it
+    (uniform in ±1/sqrt(in)), B is zero. A target this model lacks is an error (an
+    MoE model's experts are not `Linear`s: its MLP names match nothing)."""
+    found = []
+    key = jax.random.key(seed)
+    for path, module in nnx.iter_graph(model.layers):
+        if not (isinstance(module, Linear) and path and path[-1] in targets):
+            continue
+        if module.lora_a is not None:
+            raise LoraError(f"layers/{'/'.join(map(str, path))} already has adapters")
+        layers, d_out, d_in = module.weight.get_value().shape
+        stem = ("layers", *map(str, path))
+        key, sub = jax.random.split(key)
+        bound = 1.0 / math.sqrt(d_in)
+        a_shape, b_shape = (layers, rank, d_in), (layers, d_out, rank)
+        a = jax.random.uniform(sub, a_shape, jnp.float32, -bound, bound)
+        module.lora_a = nnx.LoRAParam(jax.device_put(a, param_sharding((*stem, "lora_a"), a_shape, mesh)))
+        b = jnp.zeros(b_shape, jnp.float32, device=param_sharding((*stem, "lora_b"), b_shape, mesh))
+        module.lora_b = nnx.LoRAParam(b)
+        module.lora_scale = alpha / rank
+        found.append("/".join(stem))
+    missing = sorted(set(targets) - {p.rsplit("/", 1)[-1] for p in found})
+    if missing:
+        kind = "MoE (its experts take no adapters)" if model.config.is_moe else "dense"
+        raise LoraError(f"lora.targets {missing} name no projection of this {kind} {model.config.architecture} model")
+    return found
+
+
+def adapted(model: CausalLM) -> list[tuple[tuple[str, ...], Linear]]:
+    """(path, projection) of every projection with adapters."""
+    return [
+        (("layers", *map(str, path)), module)
+        for path, module in nnx.iter_graph(model.layers)
+        if isinstance(module, Linear) and module.lora_a is not None
+    ]
+
+
+def merged_weight(module: Linear) -> jax.Array:
+    """W + scale * B @ A, per layer, in W's dtype: the weight an engine serves."""
+    assert module.lora_a is not None and module.lora_b is not None
+    w = module.weight.get_value()
+    delta = jnp.einsum("lor,lri->loi", module.lora_b.get_value(), module.lora_a.get_value())
+    return (w.astype(jnp.float32) + module.lora_scale * delta).astype(w.dtype)
+
+
+def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
+    """The adapters as PEFT names them (`base_model.model.<weight's name minus .weight>.lora_A.weight`,
+    A [r, in] and B [out, r] per layer), float32."""
+    out: dict[str, np.ndarray] = {}
+    for stem, module in adapted(model):
+        template = tensor_map((*stem, "weight")).template.removesuffix(".weight")
+        assert module.lora_a is not None and module.lora_b is not None
+        for part, var in (("lora_A", module.lora_a), ("lora_B", module.lora_b)):
+            host = np.asarray(jax.device_get(var.get_value()), np.float32)
+            for layer in range(host.shape[0]):
+                out[f"{PEFT_PREFIX}{template.format(layer=layer)}.{part}.weight"] = np.ascontiguousarray(host[layer])
+    return out
+
+
+def save_peft(model: CausalLM, out_dir: str | os.PathLike[str], *, base_model: str | None = None) -> Path:
+    """Writes `adapter_config.json` + `adapter_model.safetensors`, loadable by
+    `peft.PeftModel.from_pretrained` onto the base `transformers` model and by vLLM's LoRA path."""
+    found = adapted(model)
+    if not found:
+        raise LoraError("the model has no adapters to save")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    first = found[0][1]
+    assert first.lora_a is not None
+    rank = first.lora_a.get_value().shape[1]
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": rank,
+        "lora_alpha": first.lora_scale * rank,
+        "lora_dropout": 0.0,
+        "target_modules": sorted({stem[-1] for stem, _ in found}),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "modules_to_save": None,
+    }
+    save_file(peft_tensors(model), out / "adapter_model.safetensors")
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
