@@ -3,6 +3,11 @@
 legorl convert --from-hf DIR --to-hf OUT [--dtype bfloat16] [--max-shard-size 5GB]
 legorl convert --from-orbax CKPT --config-from HF_DIR --to-hf OUT [--step N]
 legorl convert --from-hf DIR --to-orbax CKPT
+legorl convert --from-hf BASE --adapter PEFT_DIR --to-hf OUT      (the adapter merged into the weights)
+legorl convert --from-orbax CKPT --config-from BASE --to-peft OUT  (a LoRA run's adapters, PEFT's format)
+
+A LoRA run's checkpoint holds its adapters only: --config-from must then be the base
+model's HF directory (the run's model.path), whose weights the adapters go onto.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dst = parser.add_mutually_exclusive_group(required=True)
     dst.add_argument("--to-hf", metavar="DIR", help="write an HF checkpoint directory")
     dst.add_argument("--to-orbax", metavar="DIR", help="write an Orbax params checkpoint")
+    dst.add_argument("--to-peft", metavar="DIR", help="write the model's LoRA adapters as a PEFT adapter directory")
+    parser.add_argument("--adapter", metavar="DIR", help="a PEFT LoRA adapter to add onto --from-hf's model")
     parser.add_argument("--config-from", metavar="DIR", help="HF directory whose config.json and tokenizer to use")
     parser.add_argument("--step", type=int, help="Orbax step to read (default: latest)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="stored dtype (default: the source's)")
@@ -46,13 +53,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from legorl_jax.core.safetensors_io import SafetensorsFileError
     from legorl_jax.models import CheckpointError, UnsupportedConfigError
+    from legorl_jax.models.lora import LoraError
 
     if args.from_orbax and not args.config_from:
         print("legorl convert: --from-orbax needs --config-from (the HF directory of the model)", file=sys.stderr)
         return 2
+    if args.adapter and not args.from_hf:
+        print("legorl convert: --adapter goes onto --from-hf's model (its base)", file=sys.stderr)
+        return 2
     try:
         out = _convert(args)
-    except (CheckpointError, UnsupportedConfigError, SafetensorsFileError) as exc:
+    except (CheckpointError, UnsupportedConfigError, SafetensorsFileError, LoraError) as exc:
         print(f"legorl convert: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
@@ -61,18 +72,26 @@ def run(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> Path:
     from legorl_jax.models import from_hf, from_hf_config, read_hf_config, to_hf
-    from legorl_jax.models.orbax_io import load_params, save_params
+    from legorl_jax.models.lora import load_peft, save_peft
+    from legorl_jax.models.orbax_io import load_adapters, load_params, save_params, saved_lora
 
     if args.from_hf:
         hf_config = read_hf_config(args.from_hf)
         stored = hf_config.get("torch_dtype") or hf_config.get("dtype")
         dtype: DType = args.dtype or (stored if stored in ("float32", "bfloat16") else "float32")
         model = from_hf(args.from_hf, dtype=dtype)
+        if args.adapter:
+            load_peft(model, args.adapter)
         tokenizer_from = args.config_from or args.from_hf
+    elif saved_lora(args.from_orbax, step=args.step) is not None:
+        model = load_adapters(args.from_orbax, from_hf(args.config_from), step=args.step)
+        tokenizer_from = args.config_from
     else:
         config = from_hf_config(read_hf_config(args.config_from))
         model = load_params(args.from_orbax, config, step=args.step)
         tokenizer_from = args.config_from
+    if args.to_peft:
+        return save_peft(model, args.to_peft, base_model=str(Path(tokenizer_from).resolve()))
     if args.to_hf:
         return to_hf(
             model, args.to_hf, tokenizer_from=tokenizer_from, dtype=args.dtype, max_shard_bytes=args.max_shard_size

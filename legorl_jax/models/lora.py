@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from legorl_jax.core.safetensors_io import save_file
+from legorl_jax.core.safetensors_io import SafetensorsFile, save_file
 from legorl_jax.models.hf_names import tensor_map
 from legorl_jax.models.linear import Linear
 from legorl_jax.models.sharding import param_sharding
@@ -76,6 +76,18 @@ def adapted(model: CausalLM) -> list[tuple[tuple[str, ...], Linear]]:
     ]
 
 
+def describe(model: CausalLM) -> dict | None:
+    """The adapters' settings, {"rank", "alpha", "targets"}, or None without adapters: what a
+    checkpoint records so the adapters can be rebuilt to restore into."""
+    found = adapted(model)
+    if not found:
+        return None
+    module = found[0][1]
+    assert module.lora_a is not None
+    rank = int(module.lora_a.get_value().shape[1])
+    return {"rank": rank, "alpha": module.lora_scale * rank, "targets": sorted({stem[-1] for stem, _ in found})}
+
+
 def merged_weight(module: Linear) -> jax.Array:
     """W + scale * B @ A, per layer, in W's dtype: the weight an engine serves."""
     assert module.lora_a is not None and module.lora_b is not None
@@ -106,17 +118,16 @@ def save_peft(model: CausalLM, out_dir: str | os.PathLike[str], *, base_model: s
         raise LoraError("the model has no adapters to save")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    first = found[0][1]
-    assert first.lora_a is not None
-    rank = first.lora_a.get_value().shape[1]
+    spec = describe(model)
+    assert spec is not None
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
-        "r": rank,
-        "lora_alpha": first.lora_scale * rank,
+        "r": spec["rank"],
+        "lora_alpha": spec["alpha"],
         "lora_dropout": 0.0,
-        "target_modules": sorted({stem[-1] for stem, _ in found}),
+        "target_modules": spec["targets"],
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": False,
@@ -128,3 +139,52 @@ def save_peft(model: CausalLM, out_dir: str | os.PathLike[str], *, base_model: s
     save_file(peft_tensors(model), out / "adapter_model.safetensors")
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
+
+
+def load_peft(model: CausalLM, adapter_dir: str | os.PathLike[str], *, mesh: Mesh | None = None) -> CausalLM:
+    """Adds the PEFT adapter in `adapter_dir` to `model` (its base) and returns it. Only what
+    `save_peft` writes is taken: plain LoRA on a list of projection names; DoRA, rsLoRA,
+    per-module ranks or a tensor the model has no place for are refused by name."""
+    adapter_dir = Path(adapter_dir)
+    config_file, weights = adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors"
+    if not config_file.is_file() or not weights.is_file():
+        raise LoraError(f"{adapter_dir}: a PEFT adapter needs adapter_config.json and adapter_model.safetensors")
+    config = json.loads(config_file.read_text())
+    unsupported = {
+        "peft_type": config.get("peft_type") != "LORA",
+        "use_dora": bool(config.get("use_dora")),
+        "use_rslora": bool(config.get("use_rslora")),
+        "rank_pattern": bool(config.get("rank_pattern")),
+        "alpha_pattern": bool(config.get("alpha_pattern")),
+        "target_modules": not isinstance(config.get("target_modules"), list),
+        "bias": config.get("bias", "none") != "none",
+    }
+    bad = [key for key, refused in unsupported.items() if refused]
+    if bad:
+        raise LoraError(f"{config_file}: not supported: {', '.join(f'{k}={config.get(k)!r}' for k in bad)}")
+    add_adapters(model, rank=int(config["r"]), alpha=float(config["lora_alpha"]), targets=config["target_modules"],
+                 seed=0, mesh=mesh)  # fmt: skip
+    tensors = SafetensorsFile(weights)
+    expected = set()
+    for stem, module in adapted(model):
+        template = tensor_map((*stem, "weight")).template.removesuffix(".weight")
+        for part, var in (("lora_A", module.lora_a), ("lora_B", module.lora_b)):
+            assert var is not None
+            value = var.get_value()
+            names = [f"{PEFT_PREFIX}{template.format(layer=i)}.{part}.weight" for i in range(value.shape[0])]
+            missing = [n for n in names if n not in tensors.keys()]
+            if missing:
+                raise LoraError(f"{weights}: tensor {missing[0]} missing")
+            stacked = np.empty(value.shape, np.float32)
+            for i, name in enumerate(names):
+                if tensors.shape(name) != value.shape[1:]:
+                    raise LoraError(
+                        f"{weights}: {name} has shape {tensors.shape(name)}, the model needs {value.shape[1:]}"
+                    )
+                tensors.read_into(name, (), stacked[i])
+            var.set_value(jax.device_put(stacked, value.sharding))
+            expected.update(names)
+    unused = sorted(set(tensors.keys()) - expected)
+    if unused:
+        raise LoraError(f"{weights}: tensors the model has no place for: {unused[:3]}")
+    return model

@@ -3,7 +3,9 @@
 `legorl_jax.train.checkpoint` saves each step as an Orbax composite whose
 `params` item is the pure dict of the model's `nnx.Param` state. This module
 reads (and writes) just that item, so a training checkpoint can be exported
-to HF and an HF model can seed an Orbax params checkpoint.
+to HF and an HF model can seed an Orbax params checkpoint. A LoRA run's `params`
+are its adapters alone, and its `meta` item says their settings (`saved_lora`):
+`load_adapters` puts them back onto the base model.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from jax.sharding import Mesh
 
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.hf_io import CheckpointError, abstract_model
+from legorl_jax.models.lora import add_adapters
 from legorl_jax.models.sharding import param_sharding
 from legorl_jax.models.transformer import CausalLM
 
@@ -45,13 +48,50 @@ def load_params(
         state.to_pure_dict(),
         _paths(state.to_pure_dict()),
     )
-    with ocp.CheckpointManager(directory) as manager:
-        step = manager.latest_step() if step is None else step
-        if step is None or step not in manager.all_steps():
-            raise CheckpointError(f"{directory}: no checkpoint step {step} (have {manager.all_steps()})")
-        restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
-    nnx.replace_by_pure_dict(state, restored["params"])
+    nnx.replace_by_pure_dict(state, _restore_params(directory, target, step))
     return nnx.merge(graphdef, state)
+
+
+def saved_lora(directory: str | os.PathLike[str], *, step: int | None = None) -> dict | None:
+    """The adapters' settings a learner checkpoint recorded ({"rank", "alpha", "targets"}), or
+    None: a full model's checkpoint, or a params-only one (`save_params`)."""
+    directory = Path(directory).resolve()
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a checkpoint directory")
+    with ocp.CheckpointManager(directory) as manager:
+        step = _step(manager, directory, step)
+        if not (directory / str(step) / "meta").is_dir():
+            return None
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    return meta.get("lora")
+
+
+def load_adapters(
+    directory: str | os.PathLike[str], base: CausalLM, *, step: int | None = None, mesh: Mesh | None = None
+) -> CausalLM:
+    """`base` (the run's starting model) with the adapters of a LoRA run's checkpoint."""
+    spec = saved_lora(directory, step=step)
+    if spec is None:
+        raise CheckpointError(f"{directory}: not a LoRA run's checkpoint (its meta records no adapters)")
+    add_adapters(base, rank=spec["rank"], alpha=spec["alpha"], targets=spec["targets"], seed=0, mesh=mesh)
+    state = nnx.state(base, nnx.LoRAParam)
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.to_pure_dict())
+    nnx.replace_by_pure_dict(state, _restore_params(Path(directory).resolve(), target, step))
+    nnx.update(base, state)
+    return base
+
+
+def _step(manager: ocp.CheckpointManager, directory: Path, step: int | None) -> int:
+    chosen = manager.latest_step() if step is None else step
+    if chosen is None or chosen not in manager.all_steps():
+        raise CheckpointError(f"{directory}: no checkpoint step {chosen} (have {manager.all_steps()})")
+    return chosen
+
+
+def _restore_params(directory: Path, target: dict, step: int | None) -> dict:
+    with ocp.CheckpointManager(directory) as manager:
+        chosen = _step(manager, directory, step)
+        return manager.restore(chosen, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
 
 
 def _paths(tree: dict) -> dict:

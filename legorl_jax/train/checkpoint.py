@@ -77,7 +77,7 @@ class Checkpointer:
             "step": learner.step,
             "policy_version": int(policy_version),
             "cursor": cursor or {},
-            "lora": learner.lora,
+            "lora": learner.lora_spec,
         }
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(learner.params),
@@ -101,11 +101,11 @@ class Checkpointer:
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh
         )
         saved = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        if bool(saved.get("lora", False)) != learner.lora:
-            trained = {True: "LoRA adapters", False: "every weight"}
+        if saved.get("lora") != learner.lora_spec:
+            trained = lambda spec: f"LoRA adapters {spec}" if spec else "every weight"  # noqa: E731
             raise CheckpointMismatch(
-                f"the checkpoint at step {step} trained {trained[bool(saved.get('lora', False))]} and this run's "
-                f"model.lora trains {trained[learner.lora]}: set model.lora as the run that saved it had it"
+                f"the checkpoint at step {step} trained {trained(saved.get('lora'))} and this run's model.lora "
+                f"trains {trained(learner.lora_spec)}: set model.lora as the run that saved it had it"
             )
         restored = self.manager.restore(
             step,

@@ -33,6 +33,7 @@ from jax.sharding import Mesh
 
 from legorl_jax.core.config import LearnerConfig, RLConfig
 from legorl_jax.models import CausalLM, batch_sharding, token_logprobs_with_aux
+from legorl_jax.models.lora import describe
 from legorl_jax.rl.batching import MicroBatch, PackedStep, TrainSequence, pack_step
 from legorl_jax.rl.losses import PolicyInputs, policy_loss
 from legorl_jax.rl.metrics import finalize, merge, micro_batch_metrics
@@ -97,7 +98,8 @@ class Learner:
     ) -> None:
         self.rl, self.cfg, self.mesh, self.max_segments = rl, learner, mesh, max_segments
         # Pure dicts of arrays: what optax, orbax and jit shardings handle natively.
-        self.lora = any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+        self.lora_spec = describe(model)  # what a checkpoint records of the adapters
+        self.lora = self.lora_spec is not None
         trainable = nnx.LoRAParam if self.lora else nnx.Param
         # The first filter a variable matches takes it: without adapters `frozen` is empty.
         self.graphdef, *states = nnx.split(model, trainable, nnx.Param, ...)

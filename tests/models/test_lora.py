@@ -14,8 +14,9 @@ import pytest
 from flax import nnx
 from tiny_hf import VOCAB, hf_logits
 
+from legorl_jax.cli import main
 from legorl_jax.models import from_hf, to_hf
-from legorl_jax.models.lora import LoraError, adapted, add_adapters, save_peft
+from legorl_jax.models.lora import LoraError, adapted, add_adapters, load_peft, save_peft
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -90,3 +91,23 @@ def test_an_engine_refuses_to_serve_unmerged_adapters(tiny_hf_checkpoint: Callab
     add_adapters(model, rank=2, alpha=2, targets=["q_proj"], seed=0)
     with pytest.raises(ValueError, match="served merged"):
         model.prepare_for_serving()
+
+
+def test_convert_merges_a_peft_adapter_into_the_weights(
+    tiny_hf_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = tiny_hf_checkpoint("qwen3")
+    model = _trained_adapters(base, ["q_proj", "up_proj"])
+    adapter = save_peft(model, tmp_path / "adapter", base_model=str(base))
+    out = tmp_path / "merged"
+    assert main(["convert", "--from-hf", str(base), "--adapter", str(adapter), "--to-hf", str(out)]) == 0
+    tokens = _tokens(1)
+    assert np.abs(hf_logits(out, tokens) - np.asarray(model(jnp.asarray(tokens)))).max() <= 1e-5
+    # What PEFT can write and this project does not read is refused by name, not half-read.
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "use_rslora": True}))
+    assert main(["convert", "--from-hf", str(base), "--adapter", str(adapter), "--to-hf", str(out)]) == 2
+    assert "not supported: use_rslora=True" in capsys.readouterr().err
+    (adapter / "adapter_config.json").unlink()
+    with pytest.raises(LoraError, match="needs adapter_config.json"):
+        load_peft(from_hf(base), adapter)

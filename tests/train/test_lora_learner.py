@@ -14,9 +14,10 @@ from flax import nnx
 from pydantic import ValidationError
 from tiny import learner_config, random_sequences, rl_config, tiny_model
 
+from legorl_jax.cli import main
 from legorl_jax.core.config import CheckpointConfig, LoraConfig, MeshConfig
-from legorl_jax.models import CausalLM
-from legorl_jax.models.lora import adapted, add_adapters, merged_weight
+from legorl_jax.models import CausalLM, from_hf, to_hf
+from legorl_jax.models.lora import adapted, add_adapters, load_peft, merged_weight
 from legorl_jax.train.checkpoint import Checkpointer, CheckpointMismatch
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
@@ -104,7 +105,9 @@ def test_a_checkpoint_restores_the_adapters_and_their_moments_exactly(tmp_path: 
     for a, b in zip(jax.tree.leaves(learner.params), jax.tree.leaves(resumed.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     full = Learner(tiny_model(), rl_config(), learner_config(), mesh)
-    with pytest.raises(CheckpointMismatch, match="trained LoRA adapters and this run's model.lora trains every weight"):
+    with pytest.raises(
+        CheckpointMismatch, match=r"trained LoRA adapters \{'rank': 4, .* and this run's model.lora trains every weight"
+    ):
         ckpt.restore_latest(full)
     ckpt.close()
 
@@ -134,3 +137,22 @@ def test_an_adapted_policy_exports_merged_weights(mesh: jax.sharding.Mesh) -> No
         module.lora_a, module.lora_b = nnx.data(None), nnx.data(None)
     merged = policy(tokens)
     assert np.abs(np.asarray(learner.model()(tokens)) - np.asarray(merged)).max() < 1e-5
+
+
+def test_a_lora_checkpoint_converts_to_peft_and_to_merged_weights(tmp_path: Path, mesh: jax.sharding.Mesh) -> None:
+    """`legorl convert` takes a LoRA run's checkpoint (adapters only) onto its base model."""
+    base = to_hf(tiny_model(), tmp_path / "base")
+    model = from_hf(base)
+    add_adapters(model, rank=4, alpha=8, targets=TARGETS, seed=0)
+    learner = Learner(model, rl_config(), learner_config(), mesh)
+    learner.train_step(learner.pack(random_sequences(3, 12)))
+    ckpt = Checkpointer(tmp_path / "ckpt", CheckpointConfig(every_steps=1, keep=1, async_save=False))
+    ckpt.save(learner, policy_version=1, rng=jax.random.key(0))
+    ckpt.close()
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 128, (1, 24)), jnp.int32)
+    want = np.asarray(learner.model()(tokens))
+    common = ["convert", "--from-orbax", str(tmp_path / "ckpt"), "--config-from", str(base)]
+    assert main([*common, "--to-peft", str(tmp_path / "peft")]) == 0
+    assert np.abs(np.asarray(load_peft(from_hf(base), tmp_path / "peft")(tokens)) - want).max() < 1e-5
+    assert main([*common, "--to-hf", str(tmp_path / "merged")]) == 0
+    assert np.abs(np.asarray(from_hf(tmp_path / "merged")(tokens)) - want).max() < 1e-5
