@@ -33,6 +33,14 @@ small step: `--small-seqs` sequences of `--small-len` tokens at
 of the compiled micro-step and the loss of each, same model, same run.
 
     .venv/bin/python scripts/bench_learner.py --small-step --size small
+
+`--lora RANK` compares a learner training rank-RANK adapters on every attention and
+MLP projection (base frozen) with full fine-tuning of the same model on the same
+step: step time, peak memory of the compiled micro-step, and the state each keeps
+resident between steps (parameters, frozen base, optimizer moments).
+
+    .venv/bin/python scripts/bench_learner.py --lora 16 --size 100m
+    .venv/bin/python scripts/bench_learner.py --lora 16 --size qwen3-0.6b --seq-len 512
 """
 
 from __future__ import annotations
@@ -68,6 +76,16 @@ SIZES: dict[str, dict[str, Any]] = {
         num_heads=12,
         num_kv_heads=4,
         head_dim=64,
+    ),
+    # Qwen3-0.6B's shape (~596M parameters, 156M of them the tied embedding).
+    "qwen3-0.6b": dict(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
     ),
     # ~7M parameters: for slow or shared CPUs.
     "small": dict(
@@ -152,7 +170,7 @@ def micro_step_peak_bytes(learner: Learner, packed: Any) -> int:
     with jax.set_mesh(learner.mesh):
         for mb in {(mb.tokens.shape, mb.tree): mb for mb in packed.micro_batches}.values():
             lowered = learner._micro.lower(
-                learner.params, learner.ref_params, learner._zero_acc(), learner.device_batch(mb), coef
+                learner.params, learner.frozen, learner.ref_params, learner._zero_acc(), learner.device_batch(mb), coef
             )
             mem = lowered.compile().memory_analysis()
             if mem is None:
@@ -272,6 +290,43 @@ def run_small_step(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def resident_mib(learner: Learner) -> float:
+    """What a learner keeps on its devices between steps: trained parameters, frozen base,
+    optimizer state (and the KL reference, when kept)."""
+    trees = (learner.params, learner.frozen, learner.opt_state, learner.ref_params)
+    return sum(x.nbytes for tree in trees for x in jax.tree.leaves(tree)) / 2**20
+
+
+def run_lora(args: argparse.Namespace) -> dict[str, Any]:
+    """LoRA adapters against full fine-tuning of one model on one step, in one process."""
+    from legorl_jax.models.lora import TARGETS, add_adapters
+
+    mesh, cfg, model, n_params = build_model(args)
+    seqs = synthetic_step(args.rows, args.seq_len, cfg.vocab_size, args.per_row)
+    lc = LearnerConfig(
+        micro_batch_tokens=args.rows * args.seq_len, length_buckets=[args.seq_len], logprob_chunk_size=args.chunk
+    )
+    full = Learner(model, RLConfig(), lc, mesh)  # copies what it trains: the model stays the base
+    add_adapters(model, rank=args.lora, alpha=2.0 * args.lora, targets=list(TARGETS), seed=0, mesh=mesh)
+    learners = {"lora": Learner(model, RLConfig(), lc, mesh), "full": full}
+    packed = {k: learner.pack(seqs) for k, learner in learners.items()}
+    trained = {k: sum(x.size for x in jax.tree.leaves(learner.params)) for k, learner in learners.items()}
+    resident = {k: resident_mib(learner) for k, learner in learners.items()}
+    result = compare(learners, packed, args.repeats)
+    for k in learners:
+        result[k].update(trained_params=int(trained[k]), resident_mib=resident[k])
+    return {
+        "model": {"size": args.size, "params": n_params, "dtype": args.dtype, "remat": args.remat},
+        "rank": args.lora,
+        "platform": jax.devices()[0].platform,
+        "host_cpus": os.cpu_count(),
+        "tokens_per_step": args.rows * args.seq_len,
+        **result,
+        "repeats": args.repeats,
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     mesh, cfg, model, n_params = build_model(args)
     tokens_per_step = args.rows * args.seq_len
@@ -373,6 +428,7 @@ def main() -> None:
         help="--shared-prefix: time the first step (for steps of many minutes); its micro-steps are compiled "
         "ahead into a persistent compilation cache, so compiling stays out of the time.",
     )
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK", help="LoRA adapters vs full fine-tuning.")
     parser.add_argument("--small-step", action="store_true", help="Rows sized by the step vs the fixed full shape.")
     parser.add_argument("--small-seqs", type=int, default=4, help="--small-step: sequences in the step.")
     parser.add_argument("--small-len", type=int, default=400, help="--small-step: tokens per sequence.")
@@ -385,7 +441,9 @@ def main() -> None:
     if args.no_warmup:
         jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="bench-learner-xla-"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    if args.small_step:
+    if args.lora:
+        report = run_lora(args)
+    elif args.small_step:
         report = run_small_step(args)
     else:
         report = run_shared_prefix(args) if args.shared_prefix else run(args)

@@ -28,6 +28,7 @@ from legorl_jax.models.linear import Linear
 from legorl_jax.models.sharding import param_sharding
 from legorl_jax.models.transformer import CausalLM
 
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # every projection
 PEFT_PREFIX = "base_model.model."  # where PEFT's LoraModel puts the wrapped model's own names
 
 

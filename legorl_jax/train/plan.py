@@ -350,7 +350,7 @@ def plan_learner(
     import jax.numpy as jnp
     from flax import nnx
 
-    from legorl_jax.models import CausalLM, batch_sharding
+    from legorl_jax.models import batch_sharding
     from legorl_jax.models.attention import compile_target
     from legorl_jax.models.config import from_hf_config
     from legorl_jax.rl.batching import rows_per_micro_batch
@@ -372,7 +372,7 @@ def plan_learner(
     started = time.monotonic()
     programs: list[Program] = []
     with compile_target(topology.platform):
-        model = nnx.eval_shape(lambda: CausalLM(model_config, rngs=nnx.Rngs(0)))
+        model = nnx.eval_shape(lambda: _policy(model_config, cfg.model.lora))
         learner = Learner(model, cfg.rl, cfg.learner, mesh)
         acc = learner._zero_acc.eval_shape()
         aux = jax.ShapeDtypeStruct((), jnp.float32)
@@ -404,7 +404,10 @@ def plan_learner(
     rows = rows_per_micro_batch(longest, cfg.learner.micro_batch_tokens, dp)
     micro_steps = math.ceil(sequences / rows)
     tokens = micro_steps * rows * longest
-    params = sum(math.prod(x.shape) for x in jax.tree.leaves(learner.params))
+    # With LoRA the frozen base still runs forward and backward and is gathered like trained
+    # weights: FLOPs and links are priced as full fine-tuning's, an upper bound (no weight
+    # gradient for the base, and only the adapters' gradients are reduced).
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves((learner.params, learner.frozen)))
     mesh_shape = {k: int(v) for k, v in mesh.shape.items()}
     link = _link_bytes(
         model_config,
@@ -430,6 +433,19 @@ def plan_learner(
     if not result.fits:
         result.suggestions = _suggestions(cfg, result)
     return result
+
+
+def _policy(model_config: Any, lora: Any) -> Any:
+    """The model the learner trains: with the config's adapters when it has them."""
+    from flax import nnx
+
+    from legorl_jax.models import CausalLM
+    from legorl_jax.models.lora import add_adapters
+
+    model = CausalLM(model_config, rngs=nnx.Rngs(0))
+    if lora is not None:
+        add_adapters(model, rank=lora.rank, alpha=lora.alpha, targets=list(lora.targets), seed=0)
+    return model
 
 
 def _suggestions(cfg: Config, plan: Plan) -> list[str]:

@@ -173,3 +173,17 @@ def test_v4_and_a_v6e_8x8_take_a_tensor_parallel_mesh() -> None:
     lines = out.stdout.strip().splitlines()[-2:]
     assert lines[0] == "8 {'data': 1, 'fsdp': 2, 'tensor': 4, 'expert': 1}"
     assert lines[1] == "64 {'data': 1, 'fsdp': 16, 'tensor': 4, 'expert': 1}"
+
+
+@pytest.mark.libtpu
+def test_a_lora_config_plans_the_adapters_it_trains(tmp_path: Path) -> None:
+    """model.lora is planned, not dropped: the optimizer update holds the adapters alone."""
+    base = ("learner.micro_batch_tokens=4096", "learner.share_prefixes=false")
+    (tmp_path / "full").mkdir(), (tmp_path / "lora").mkdir()
+    _, full, _ = _small_plan(tmp_path / "full", "v5p-8", *base)
+    code, lora, _ = _small_plan(tmp_path / "lora", "v5p-8", *base, "model.lora={rank: 8, targets: [q_proj, v_proj]}")
+    assert code == 0 and lora["fits"]
+    update = {plan_["name"]: plan_ for plan_ in lora["programs"]}["optimizer_update"]
+    full_update = {plan_["name"]: plan_ for plan_ in full["programs"]}["optimizer_update"]
+    assert update["argument_bytes"] < full_update["argument_bytes"] / 20
+    assert lora["flops_per_step"] == pytest.approx(full["flops_per_step"], rel=0.02)  # priced as full, plus adapters
