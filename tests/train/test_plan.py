@@ -177,13 +177,12 @@ def test_v4_and_a_v6e_8x8_take_a_tensor_parallel_mesh() -> None:
 
 @pytest.mark.libtpu
 def test_a_lora_config_plans_the_adapters_it_trains(tmp_path: Path) -> None:
-    """model.lora is planned, not dropped: the optimizer update holds the adapters alone."""
-    base = ("learner.micro_batch_tokens=4096", "learner.share_prefixes=false")
-    (tmp_path / "full").mkdir(), (tmp_path / "lora").mkdir()
-    _, full, _ = _small_plan(tmp_path / "full", "v5p-8", *base)
-    code, lora, _ = _small_plan(tmp_path / "lora", "v5p-8", *base, "model.lora={rank: 8, targets: [q_proj, v_proj]}")
-    assert code == 0 and lora["fits"]
-    update = {plan_["name"]: plan_ for plan_ in lora["programs"]}["optimizer_update"]
-    full_update = {plan_["name"]: plan_ for plan_ in full["programs"]}["optimizer_update"]
-    assert update["argument_bytes"] < full_update["argument_bytes"] / 20
-    assert lora["flops_per_step"] == pytest.approx(full["flops_per_step"], rel=0.02)  # priced as full, plus adapters
+    """model.lora is planned, not dropped: the optimizer update holds the adapters alone
+    (SMALL's 1.7M parameters with Adam's moments and gradients would take 6.8 MB per chip)."""
+    lora = "model.lora={rank: 8, targets: [q_proj, v_proj]}"
+    code, plan, _ = _small_plan(
+        tmp_path, "v5p-8", "learner.micro_batch_tokens=4096", "learner.share_prefixes=false", lora
+    )
+    assert code == 0 and plan["fits"]
+    update = {program["name"]: program for program in plan["programs"]}["optimizer_update"]
+    assert 0 < update["argument_bytes"] < 2**20
