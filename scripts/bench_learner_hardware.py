@@ -67,6 +67,14 @@ analysis, so the HBM-bandwidth bound is missing for those rows, and attention is
 compiled blockwise (cuDNN's fused kernel needs the cuDNN library at compile
 time). Across hosts the links are 400 Gb/s NICs per GPU, not NVLink.
 
+MoE on GPU does not fit, and the table says why: XLA's GPU compiler (jax 0.10.2)
+lowers `jax.lax.ragged_dot`, the learner's grouped expert product, densely: one
+product per expert for every routed token, so its temporaries are tokens × experts
+× width. Compiled alone for one H100 (4,096 tokens, 64 experts, 256 → 256, bf16)
+it plans 142.6 MB of temporaries against the dense product's 134.2 MB; for a v5p
+chip the same program plans 0.16 MB. Qwen3-30B-A3B's 128 experts make that hundreds
+of GiB per GPU; a GPU learner for MoE needs a grouped-GEMM kernel in its place.
+
 """
 COLUMNS = ["model", "slice", "chips", "mesh", "HBM peak / chip (GiB)", "capacity (GiB)", "fits", "step (s)",
            "tokens/s/chip", "MFU", "limit", "compile (s)"]  # fmt: skip
