@@ -6,7 +6,8 @@ Two ways in, matching the two RPCs:
 - `resolve_location(uri, cache_root)` for `UpdateWeights`: a local path or
   `file://` URI is used in place, when it lies inside the server's weight
   roots (`roots`); `gs://`, `s3://` and `memory://` are
-  tensorstore kvstore prefixes, downloaded once into `cache_root`; any other
+  tensorstore kvstore prefixes, downloaded once into `cache_root` (a full one
+  only with its `weights.json`, which the publisher uploads last); any other
   scheme is refused (the server fetches nothing from arbitrary URLs).
 - `receive_stream(chunks, dest_root)` for `StreamWeights`: a header with the
   small files (config, tokenizer, the safetensors index) followed by tensor
@@ -590,6 +591,9 @@ def _download(
     keys = [key.decode(errors="replace") for key in _ts(uri, "list", kv.list())]
     if "config.json" not in keys:
         raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
+    if MANIFEST_FILE not in keys:
+        # The publisher uploads it last, so without it the version's upload did not finish.
+        raise WeightTransferError(f"{uri}: no {MANIFEST_FILE} there; its upload did not finish (a torn publish)")
     cache_root.mkdir(parents=True, exist_ok=True)
     with _staged(cache_root, name) as tmp:
         for key in keys:

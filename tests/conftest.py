@@ -1,9 +1,9 @@
 """Shared test plumbing.
 
-Tests marked `docker`, `npm`, `browser`, `vllm` or `libtpu` need a real Docker
+Tests marked `docker`, `npm`, `browser`, `vllm`, `libtpu` or `gcs` need a real Docker
 engine, Node.js harness CLIs, Chromium with chromedriver, vLLM (set-up installs its
-CPU build in .cache/vllm-venv) or libtpu (set-up: .cache/libtpu, with jax's CUDA plugin in
-.cache/jax-cuda12). Locally they skip with a reason
+CPU build in .cache/vllm-venv), libtpu (set-up: .cache/libtpu, with jax's CUDA plugin in
+.cache/jax-cuda12) or the GCS emulator (gcp-storage-emulator, in the dev extra). Locally they skip with a reason
 when those are missing; with CI=true they fail instead, so a CI run can never
 pass by skipping them.
 """
@@ -58,6 +58,14 @@ def _vllm_available() -> str | None:
     return None
 
 
+def _gcs_emulator_available() -> str | None:
+    import importlib.util
+
+    return (
+        None if importlib.util.find_spec("gcp_storage_emulator") else "gcp-storage-emulator not installed (dev extra)"
+    )
+
+
 def _libtpu_available() -> str | None:
     """libtpu, and beside it jax's CUDA plugin: the compilers `legorl plan` targets."""
     from legorl_jax.core.config import cache_root
@@ -75,6 +83,7 @@ _CHECKS = {
     "browser": _browser_available,
     "vllm": _vllm_available,
     "libtpu": _libtpu_available,
+    "gcs": _gcs_emulator_available,
 }
 _cache: dict[str, str | None] = {}
 

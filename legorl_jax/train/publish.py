@@ -12,7 +12,8 @@ The pairs in use:
 `DirectoryPublisher` writes `root/v{version:08d}/` (via `to_hf`) and a `LATEST`
 file naming the newest complete version. A plain path (or file://) is written
 under a hidden name and renamed into place; any other scheme (`gs://`, ...) is a
-tensorstore kvstore, uploaded file by file from a local staging copy, where
+tensorstore kvstore, uploaded file by file from a local staging copy,
+`weights.json` last (hosts refuse a version without it), where
 `LATEST` is written only after the whole version is up. Either way a publish
 that dies half-way leaves `LATEST` on the previous version. Versions beyond the
 newest `keep` are deleted; `keep` must cover the policy lag, since a server may
@@ -223,12 +224,19 @@ class _KvStore:
     def location(self, version: int) -> str:
         return f"{self.url}/{version_dir_name(version)}"
 
+    def _done(self, future: Any, what: str) -> Any:
+        """A tensorstore future's result; a storage failure (unreachable, refused) as PublishError."""
+        try:
+            return future.result()
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise PublishError(f"{self.url}: cannot {what}: {exc}") from None
+
     def _delete_version(self, name: str) -> None:
         # Every key under "name/": "/" + 1 == "0" bounds the range.
-        self._kv.delete_range(ts.KvStore.KeyRange(f"{name}/", f"{name}0")).result()
+        self._done(self._kv.delete_range(ts.KvStore.KeyRange(f"{name}/", f"{name}0")), f"delete {name}/")
 
     def upload(self, key: str, path: Path) -> None:
-        self._kv.write(key, path.read_bytes()).result()
+        self._done(self._kv.write(key, path.read_bytes()), f"write {key}")
 
     def publish(self, version: int, write: Callable[[Path], None], keep: int, chain_from: int) -> str:
         name = version_dir_name(version)
@@ -237,22 +245,23 @@ class _KvStore:
             write(out)
             if jax.process_index() == 0:
                 self._delete_version(name)  # leftovers of an earlier, torn upload of this version
-                # One file in memory at a time; to_hf's shard size bounds it.
-                for file in sorted(out.iterdir()):
+                # One file in memory at a time; to_hf's shard size bounds it. The manifest goes last: hosts
+                # refuse a remote version without one, so a torn upload is never served.
+                for file in sorted(out.iterdir(), key=lambda f: (f.name == MANIFEST_FILE, f.name)):
                     self.upload(f"{name}/{file.name}", file)
-                self._kv.write(LATEST_FILE, (name + "\n").encode()).result()
+                self._done(self._kv.write(LATEST_FILE, (name + "\n").encode()), f"write {LATEST_FILE}")
         if jax.process_index() == 0:
             self._collect(version, keep, chain_from)
         return self.location(version)
 
     def _collect(self, published: int, keep: int, chain_from: int) -> None:
-        tops = {key.decode().split("/", 1)[0] for key in self._kv.list().result()}
+        tops = {key.decode().split("/", 1)[0] for key in self._done(self._kv.list(), "list")}
         versions = {v for n in tops if (v := _parse_version(n)) is not None}
         for version in versions - _keep_versions(versions, published, keep, chain_from):
             self._delete_version(version_dir_name(version))
 
     def latest(self) -> str | None:
-        result = self._kv.read(LATEST_FILE).result()
+        result = self._done(self._kv.read(LATEST_FILE), f"read {LATEST_FILE}")
         return f"{self.url}/{result.value.decode().strip()}" if result.state == "value" else None
 
 
