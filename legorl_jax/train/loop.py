@@ -41,12 +41,13 @@ from typing import Any, Literal, TypeVar
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 from tqdm import tqdm
 
 from legorl_jax.core.config import Config, dump_config
 from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import Fleet, GroupResult, LocalServer, configured_fleet
-from legorl_jax.models import from_hf
+from legorl_jax.models import CausalLM, from_hf
 from legorl_jax.models.lora import add_adapters
 from legorl_jax.rl.batching import TrainSequence
 from legorl_jax.train.assemble import assemble, is_informative
@@ -166,6 +167,25 @@ class _NoSubscribers:
         return {}
 
 
+def policy_model(config: Config, model_dir: Path, mesh: Mesh) -> CausalLM:
+    """The model the learner trains: the checkpoint, with the config's adapters when it has them."""
+    model = from_hf(
+        model_dir,
+        dtype=config.model.param_dtype,
+        compute_dtype=config.model.compute_dtype,
+        remat=config.model.remat,
+        attention_kernel=config.model.attention_kernel,
+        mesh=mesh,
+    )
+    lora = config.model.lora
+    if lora is not None:
+        adapted = add_adapters(
+            model, rank=lora.rank, alpha=lora.alpha, targets=list(lora.targets), seed=config.seed, mesh=mesh
+        )
+        log.info("LoRA rank %d on %d projections; the base stays frozen", lora.rank, len(adapted))
+    return model
+
+
 class Trainer:
     def __init__(self, config: Config, inputs: RunInputs, *, progress: bool | None = None) -> None:
         self.config = config
@@ -187,23 +207,8 @@ class Trainer:
     # ---------------------------------------------------------------- setup --
 
     def _build_learner(self, model_dir: Path):
-        cfg = self.config
-        mesh = learner_mesh(cfg.learner.mesh)
-        model = from_hf(
-            model_dir,
-            dtype=cfg.model.param_dtype,
-            compute_dtype=cfg.model.compute_dtype,
-            remat=cfg.model.remat,
-            attention_kernel=cfg.model.attention_kernel,
-            mesh=mesh,
-        )
-        if cfg.model.lora is not None:
-            lora = cfg.model.lora
-            adapted = add_adapters(
-                model, rank=lora.rank, alpha=lora.alpha, targets=list(lora.targets), seed=cfg.seed, mesh=mesh
-            )
-            log.info("LoRA rank %d on %d projections; the base stays frozen", lora.rank, len(adapted))
-        return Learner(model, cfg.rl, cfg.learner, mesh)
+        mesh = learner_mesh(self.config.learner.mesh)
+        return Learner(policy_model(self.config, model_dir, mesh), self.config.rl, self.config.learner, mesh)
 
     def fleet_session(self, model_dir: Path) -> contextlib.AbstractAsyncContextManager[Fleet]:
         """The configured fleet, or one rollout server in this process serving the run's

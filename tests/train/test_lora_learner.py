@@ -15,10 +15,11 @@ from pydantic import ValidationError
 from tiny import learner_config, random_sequences, rl_config, tiny_model
 
 from legorl_jax.cli import main
-from legorl_jax.core.config import CheckpointConfig, LoraConfig, MeshConfig
+from legorl_jax.core.config import CONFIG_DIR, CheckpointConfig, LoraConfig, MeshConfig, load_config
 from legorl_jax.models import CausalLM, from_hf, to_hf
 from legorl_jax.models.lora import adapted, add_adapters, load_peft, merged_weight
 from legorl_jax.train.checkpoint import Checkpointer, CheckpointMismatch
+from legorl_jax.train.loop import policy_model
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
 
@@ -156,3 +157,18 @@ def test_a_lora_checkpoint_converts_to_peft_and_to_merged_weights(tmp_path: Path
     assert np.abs(np.asarray(load_peft(from_hf(base), tmp_path / "peft")(tokens)) - want).max() < 1e-5
     assert main([*common, "--to-hf", str(tmp_path / "merged")]) == 0
     assert np.abs(np.asarray(from_hf(tmp_path / "merged")(tokens)) - want).max() < 1e-5
+
+
+def test_a_run_config_with_lora_builds_an_adapted_policy(tmp_path: Path, mesh: jax.sharding.Mesh) -> None:
+    """What `legorl train` builds from `model.lora`: the checkpoint with adapters on the targets, trained alone."""
+    base = to_hf(tiny_model(), tmp_path / "base")
+    config = load_config(CONFIG_DIR / "demo_lora.yaml")
+    model = policy_model(config, base, mesh)
+    lora = config.model.lora
+    assert lora is not None
+    assert sorted(stem[-1] for stem, _ in adapted(model)) == sorted(lora.targets)
+    assert Learner(model, config.rl, config.learner, mesh).lora_spec == {
+        "rank": lora.rank,
+        "alpha": lora.alpha,
+        "targets": sorted(lora.targets),
+    }
