@@ -24,7 +24,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "legorl_jax.commands.rollout_server_cmd",
         "run a rollout host: engine, proxy, sandboxes, gRPC service",
     ),
-    "convert": ("legorl_jax.commands.convert_cmd", "convert a model between HF checkpoint directories and Orbax"),
+    "convert": (
+        "legorl_jax.commands.convert_cmd",
+        "convert a model between HF checkpoint directories, Orbax and PEFT LoRA adapters",
+    ),
     "plan": (
         "legorl_jax.commands.plan_cmd",
         "compile a run's learner for a TPU slice here: memory per chip, step time",

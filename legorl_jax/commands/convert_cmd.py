@@ -44,7 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dst.add_argument("--to-orbax", metavar="DIR", help="write an Orbax params checkpoint")
     dst.add_argument("--to-peft", metavar="DIR", help="write the model's LoRA adapters as a PEFT adapter directory")
     parser.add_argument("--adapter", metavar="DIR", help="a PEFT LoRA adapter to add onto --from-hf's model")
-    parser.add_argument("--config-from", metavar="DIR", help="HF directory whose config.json and tokenizer to use")
+    parser.add_argument(
+        "--config-from",
+        metavar="DIR",
+        help="HF directory whose config.json and tokenizer to use (a LoRA run's checkpoint: its base, weights too)",
+    )
     parser.add_argument("--step", type=int, help="Orbax step to read (default: latest)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="stored dtype (default: the source's)")
     parser.add_argument("--max-shard-size", type=parse_size, default="5GB", help="HF shard file limit (5GB)")
@@ -58,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if args.from_orbax and not args.config_from:
         print("legorl convert: --from-orbax needs --config-from (the HF directory of the model)", file=sys.stderr)
         return 2
-    if args.adapter and not args.from_hf:
-        print("legorl convert: --adapter goes onto --from-hf's model (its base)", file=sys.stderr)
+    if args.adapter and not (args.from_hf and args.to_hf):
+        print("legorl convert: --adapter goes onto --from-hf's model (its base), merged into --to-hf", file=sys.stderr)
         return 2
     try:
         out = _convert(args)
