@@ -316,7 +316,7 @@ def simulate(cfg: SimConfig, seed: int = 0) -> SimResult:
 
 @dataclass(frozen=True)
 class RecordedRun:
-    """What a run directory's `rollouts.jsonl`, `metrics.jsonl` and `config.yaml` give the model."""
+    """What a run directory's `rollouts.jsonl` and `metrics.jsonl` give the model."""
 
     trial_s: dict[str, list[list[float]]]  # harness -> its train groups -> agent_s + verify_s of each trial
     harness_groups: dict[str, int]  # harness -> train groups
@@ -324,6 +324,9 @@ class RecordedRun:
     learner_s: list[float]
     publish_s: list[float]  # publish_s + reload_s
     rollout_s: list[float]
+    # (steps, seconds) from the first evaluation's record to the last train record before the next one, by
+    # `time/run_s`: the wall time of overlapped steps (lag >= 1), where rollout_s + learner_s double-count.
+    window: tuple[int, float] | None
 
     @property
     def step_s(self) -> float:
@@ -351,6 +354,11 @@ def read_run(run_dir: Path) -> RecordedRun:
         harness_of[record["group"]] = record["harness"]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [m for m in steps if m.get("kind") == "train"]
+    window = None
+    evals = [i for i, m in enumerate(steps) if m.get("kind") == "eval"]
+    if len(evals) >= 2 and all("time/run_s" in m for m in steps):
+        last = steps[evals[1] - 1]
+        window = (evals[1] - evals[0] - 1, last["time/run_s"] - steps[evals[0]]["time/run_s"])
     trial_s: dict[str, list[list[float]]] = defaultdict(list)
     for group, harness in harness_of.items():
         trial_s[harness].append(durations[group])
@@ -361,4 +369,5 @@ def read_run(run_dir: Path) -> RecordedRun:
         learner_s=[m["time/learner_s"] for m in train],
         publish_s=[m["time/publish_s"] + m["time/reload_s"] for m in train],
         rollout_s=[m["time/rollout_s"] for m in train],
+        window=window,
     )

@@ -17,6 +17,8 @@ from pathlib import Path
 from legorl_jax.fleet_sim import SimConfig, SimResult, TrialTimes, read_run, simulate
 
 CALIBRATION_RUNS = ("demo_embedded", "demo_lora_lr2e-3", "demo_vllm")
+# A demo run at rl.max_policy_lag=1, total_steps=6 (configs/demo.yaml otherwise), when there is one.
+LAG_RUNS = {"demo_lag1": 1}
 # Sandbox setup, teardown and the RPC: outside a record's agent_s + verify_s. Fitted on demo_embedded (its step
 # time matched within 2 %), then used unchanged on the other runs.
 TRIAL_OVERHEAD_S = 1.5
@@ -46,11 +48,21 @@ def averaged(cfg: SimConfig, seeds: int) -> dict[str, float]:
 
 def calibrate(runs_dir: Path, seeds: int) -> dict[str, float]:
     """Prints simulated vs measured per recorded run; returns each run's lognormal sigma of trial durations."""
-    print("| run | measured step (s) | simulated | error | measured learner idle | simulated | p(uninformative) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| run | lag | measured step (s) | simulated | error | measured learner idle | simulated | p(uninformative) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     sigmas: dict[str, float] = {}
-    for name in CALIBRATION_RUNS:
+    lags = {name: 0 for name in CALIBRATION_RUNS} | {n: lag for n, lag in LAG_RUNS.items() if (runs_dir / n).is_dir()}
+    for name, lag in lags.items():
         rec = read_run(runs_dir / name)
+        # Lag 0: the sum of a step's recorded parts, over all steps. Lag >= 1 overlaps them: the wall time of the
+        # steps before the second evaluation, simulated over as many steps.
+        steps, step_s, idle = len(rec.learner_s), rec.step_s, rec.learner_idle
+        if lag:
+            assert rec.window is not None, f"{name}: no time/run_s to measure overlapped steps by"
+            steps, window_s = rec.window
+            step_s, idle = window_s / steps, 1 - sum(rec.learner_s[:steps]) / window_s
         harnesses = {
             h: TrialTimes(weight=rec.harness_groups[h], groups=tuple(map(tuple, groups)))
             for h, groups in rec.trial_s.items()
@@ -64,15 +76,15 @@ def calibrate(runs_dir: Path, seeds: int) -> dict[str, float]:
             trial_overhead_s=TRIAL_OVERHEAD_S,
             learner_s=tuple(rec.learner_s),
             publish_s=tuple(rec.publish_s),
-            max_policy_lag=0,
+            max_policy_lag=lag,
             hosts=1,
             capacity_per_host=8,
-            total_steps=500,  # long, so the resampling's mean is the recorded one
+            total_steps=steps if lag else 500,  # lag 0: long, so the resampling's mean is the recorded one
         )
-        sim = averaged(cfg, seeds)
-        error = sim["step_s"] / rec.step_s - 1
+        sim = averaged(cfg, 100 * seeds if lag else seeds)
+        error = sim["step_s"] / step_s - 1
         print(
-            f"| {name} | {rec.step_s:.1f} | {sim['step_s']:.1f} | {error:+.1%} | {rec.learner_idle:.3f} "
+            f"| {name} | {lag} | {step_s:.1f} | {sim['step_s']:.1f} | {error:+.1%} | {idle:.3f} "
             f"| {sim['idle']:.3f} | {rec.p_uninformative:.2f} |"
         )
         sigmas[name] = TrialTimes.lognormal_fit(t for groups in rec.trial_s.values() for g in groups for t in g).sigma

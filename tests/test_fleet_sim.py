@@ -105,9 +105,12 @@ def test_read_run(tmp_path: Path):
         {"kind": "train", "group": g, "harness": h, "reward": r, "metrics": {"agent_s": a, "verify_s": v}}
         for g, h, a, v, r in trials
     ] + [{"kind": "eval", "group": "g3", "harness": "lego", "reward": 0.0, "metrics": {"agent_s": 9, "verify_s": 9}}]
+    step = {"kind": "train", "time/rollout_s": 6.0, "time/learner_s": 3.0, "time/publish_s": 0.5, "time/reload_s": 0.5}
     metrics = [
-        {"kind": "eval", "step": 0},
-        {"kind": "train", "time/rollout_s": 6.0, "time/learner_s": 3.0, "time/publish_s": 0.5, "time/reload_s": 0.5},
+        {"kind": "eval", "time/run_s": 1.0},
+        {**step, "time/run_s": 12.0},
+        {**step, "time/run_s": 23.0},
+        {"kind": "eval", "time/run_s": 30.0},
     ]
     (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rollouts))
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
@@ -116,6 +119,7 @@ def test_read_run(tmp_path: Path):
     assert run.harness_groups == {"lego": 1, "cli": 1}
     assert run.p_uninformative == 0.5  # g2's rewards are all equal
     assert (run.step_s, run.learner_idle) == (10.0, 0.7)
+    assert run.window == (2, 22.0)
 
 
 def test_lognormal_fit_recovers_median_and_spread():
