@@ -67,6 +67,11 @@ analysis, so the HBM-bandwidth bound is missing for those rows, and attention is
 compiled blockwise (cuDNN's fused kernel needs the cuDNN library at compile
 time). Across hosts the links are 400 Gb/s NICs per GPU, not NVLink.
 
+A "no" is the shipped config (made for v5p) on that slice, not the slice's limit:
+Qwen3-30B-A3B's 131,072-token micro-batches and 8-way expert sharding do not fit
+32 GiB or 16 GiB chips as they are; a smaller micro-batch or a wider mesh might
+(`legorl plan` names what dominates the peak and what would shrink it).
+
 MoE on GPU does not fit, and the table says why: XLA's GPU compiler (jax 0.10.2)
 lowers `jax.lax.ragged_dot`, the learner's grouped expert product, densely: one
 product per expert for every routed token, so its temporaries are tokens × experts
