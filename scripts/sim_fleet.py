@@ -17,6 +17,12 @@ from pathlib import Path
 from legorl_jax.fleet_sim import SimConfig, SimResult, TrialTimes, read_run, simulate
 
 CALIBRATION_RUNS = ("demo_embedded", "demo_lora_lr2e-3", "demo_vllm")
+# How each was recorded (`./scripts/demo` arguments besides its run name).
+RECORD = {
+    "demo_embedded": "--config configs/demo.yaml",
+    "demo_lora_lr2e-3": "--config configs/demo_lora.yaml",
+    "demo_vllm": "--config configs/demo_vllm.yaml",
+}
 # A demo run at rl.max_policy_lag=1, total_steps=6 (configs/demo.yaml otherwise), when there is one.
 LAG_RUNS = {"demo_lag1": 1}
 # Sandbox setup, teardown and the RPC: outside a record's agent_s + verify_s. Fitted on demo_embedded (its step
@@ -137,6 +143,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="simulated steps per projected run")
     parser.add_argument("--seeds", type=int, default=3, help="seeds averaged per figure")
     args = parser.parse_args()
+    missing = [name for name in CALIBRATION_RUNS if not (args.runs / name / "metrics.jsonl").is_file()]
+    if missing:
+        recipes = "\n".join(f"  ./scripts/demo {RECORD[name]} --set logging.run_name={name}" for name in missing)
+        raise SystemExit(
+            f"sim_fleet: no recorded run {', '.join(missing)} under {args.runs}; record them with\n{recipes}"
+        )
     sigmas = calibrate(args.runs, args.seeds)
     p_uninformative = statistics.fmean(read_run(args.runs / name).p_uninformative for name in CALIBRATION_RUNS)
     # As configured (the embedded demo's tail, retry rounds, full sync); then the vLLM demo's shorter tail; then
