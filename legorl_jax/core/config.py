@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
@@ -44,7 +44,7 @@ class LoraConfig(Strict):
         "trained with it would not be the policy that sampled (importance ratios off by the dropout noise).",
     )
     targets: list[LoraTarget] = Field(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        list(get_args(LoraTarget)),
         min_length=1,
         description="Projections that get adapters: attention (q/k/v/o_proj) and the dense MLP (gate/up/down_proj).",
     )

@@ -15,6 +15,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import get_args
 
 import jax
 import jax.numpy as jnp
@@ -22,13 +23,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from legorl_jax.core.config import LoraTarget
 from legorl_jax.core.safetensors_io import SafetensorsFile, save_file
 from legorl_jax.models.hf_names import tensor_map
 from legorl_jax.models.linear import Linear
 from legorl_jax.models.sharding import param_sharding
 from legorl_jax.models.transformer import CausalLM
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # every projection
+TARGETS: tuple[str, ...] = get_args(LoraTarget)  # every projection an adapter may go on
 PEFT_PREFIX = "base_model.model."  # where PEFT's LoraModel puts the wrapped model's own names
 
 
