@@ -30,6 +30,7 @@ from legorl_jax.core.config import REPO_ROOT
 from legorl_jax.core.weight_layout import read_manifest
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_server.proxy.engine_client import CompletionParams, EngineCompletion, ProxyEngineClient
 from rollout_server.tasks import DEMO_TASKS_DIR
 
 from .stack import lego, rollout, rollout_request, server_config, task_variant, trial_containers, until
@@ -225,7 +226,11 @@ def test_update_weights_serves_the_published_version(
 
 
 def test_a_killed_engine_ends_its_trial_and_comes_back_on_the_latest_weights(
-    host: BackgroundServer, assets: Assets, tasks: Path, updated: pb.UpdateWeightsResponse
+    host: BackgroundServer,
+    assets: Assets,
+    tasks: Path,
+    updated: pb.UpdateWeightsResponse,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine = host.server.engine
     assert engine is not None and engine.supervisor is not None
@@ -236,26 +241,24 @@ def test_a_killed_engine_ends_its_trial_and_comes_back_on_the_latest_weights(
     epoch, restarts, pid = engine.epoch(), supervisor.restarts, supervisor.pid
     assert pid is not None
 
-    # plan_first: a planning call, then the agent's turn. The engine dies while that turn is at it,
-    # after the trial has sampled its plan: the proxy's session shows a second call started, unanswered.
+    # plan_first: a planning call, then the agent's turn. The engine dies as that turn's call goes
+    # out to it, after the trial has sampled its plan. The kill is made by the proxy's own engine
+    # client (a fault injected here): watching for the call from outside raced calls that a random
+    # model answers in a few milliseconds.
     request = _request("vllm-killed", tasks, 256, prompt="plan_first")
+    forward = ProxyEngineClient.complete
+    calls: list[int] = []
 
-    def second_call_at_engine() -> bool:
-        started, answered = host.model_calls()
-        return started >= 2 and answered < started
+    async def complete(self: ProxyEngineClient, prompt_ids: list[int], sampling: CompletionParams) -> EngineCompletion:
+        calls.append(len(prompt_ids))
+        if len(calls) == 2:
+            os.killpg(pid, signal.SIGKILL)  # vLLM's whole process group (its own session)
+        return await forward(self, prompt_ids, sampling)
 
-    async def crash_mid_trial() -> pb.Trajectory:
-        trial = asyncio.create_task(rollout(host.address, request))
-        deadline = time.monotonic() + 120
-        # A fine poll: the call may be short (a random model can end its turn at once).
-        while not second_call_at_engine():
-            assert not trial.done(), "the trial ended before its engine could be killed"
-            assert time.monotonic() < deadline, "gave up waiting for the trial's second model call"
-            await asyncio.sleep(0.002)
-        os.killpg(pid, signal.SIGKILL)  # vLLM's whole process group (its own session)
-        return (await trial)["vllm-killed"]
-
-    trajectory = asyncio.run(crash_mid_trial())
+    monkeypatch.setattr(ProxyEngineClient, "complete", complete)
+    trajectory = asyncio.run(rollout(host.address, request))["vllm-killed"]
+    monkeypatch.undo()
+    assert len(calls) == 2, f"the trial made {len(calls)} model calls, not a plan and a turn cut short"
     assert trajectory.status == pb.TRIAL_STATUS_ENGINE_ERROR, (trajectory.status, trajectory.error)
     assert not trajectory.HasField("reward")
     # It died mid-trial: the trial had sampled its plan from it, from VERSION.
