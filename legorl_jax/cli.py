@@ -15,6 +15,10 @@ from legorl_jax import commands
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("legorl_jax.commands.train_cmd", "GRPO training inside real harnesses (default: the embedded demo)"),
     "eval": ("legorl_jax.commands.eval_cmd", "pass rates of a model on tasks, per harness configuration"),
+    "collect": (
+        "legorl_jax.commands.collect_cmd",
+        "a teacher's episodes on tasks and harness configurations, filtered, as a rollouts directory",
+    ),
     "plot": ("legorl_jax.commands.plot_cmd", "redraw a run's reward plot and per-harness table from its metrics.jsonl"),
     "view": ("legorl_jax.commands.view_cmd", "browse a run in a local web app: curves, rollouts, trajectories, live"),
     "config": ("legorl_jax.commands.config_cmd", "show the resolved run config or its JSON schema"),

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from legorl_jax.core.config import Config
+    from legorl_jax.train.groups import HarnessChoice
 
 # Whether Ctrl-C came while `legorl` handled SIGINT as Python does (`on_sigint`). Here, not in
 # legorl_jax.cli, which is `__main__` under `python -m legorl_jax.cli`, a second copy to the commands.
@@ -61,3 +62,39 @@ def load_command_config(args: argparse.Namespace, overrides: list[str] | None = 
 
     default = DEFAULT_CONFIG if args.demo_default else None
     return load_config(args.config, args.overrides if overrides is None else overrides, default=default)
+
+
+def add_trial_arguments(parser: argparse.ArgumentParser, tasks_default: str) -> None:
+    """--tasks / --harness / --samples: which trials a command runs (eval, collect)."""
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help=f"task roots or JSONL indexes (default: {tasks_default})",
+    )
+    parser.add_argument(
+        "--harness",
+        action="append",
+        default=None,
+        metavar="JSON",
+        help='harness config as JSON, e.g. \'{"name": "lego", "options": {"tools": "bash_only"}}\' '
+        "(repeatable; default: the config's harness_mix)",
+    )
+    parser.add_argument("--samples", type=int, default=1, help="trials per task and harness config")
+
+
+def trial_choices(args: argparse.Namespace, config: Config) -> list[HarnessChoice]:
+    """The harness configurations `add_trial_arguments` asked for, after checking --harness and --samples."""
+    import json
+
+    from legorl_jax.core.config import ConfigError, HarnessSpec
+    from legorl_jax.train.groups import harness_choice
+
+    try:
+        specs = [HarnessSpec.model_validate(json.loads(h)) for h in args.harness] if args.harness else None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"--harness: {exc}") from None
+    if args.samples < 1:
+        raise ConfigError("--samples must be at least 1")
+    return [harness_choice(h) for h in (specs or config.harness_mix.harnesses)]

@@ -7,54 +7,31 @@ import asyncio
 import json
 from pathlib import Path
 
-from legorl_jax.commands import add_config_arguments, load_command_config
+from legorl_jax.commands import add_config_arguments, add_trial_arguments, load_command_config, trial_choices
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="HF model directory to evaluate")
-    parser.add_argument(
-        "--tasks",
-        nargs="+",
-        default=None,
-        metavar="PATH",
-        help="task roots or JSONL indexes "
-        "(default: the config's tasks.eval plus, with tasks.demo, the held-out demo variants)",
-    )
-    parser.add_argument(
-        "--harness",
-        action="append",
-        default=None,
-        metavar="JSON",
-        help='harness config as JSON, e.g. \'{"name": "lego", "options": {"tools": "bash_only"}}\' '
-        "(repeatable; default: the config's harness_mix)",
-    )
-    parser.add_argument("--samples", type=int, default=1, help="trials per task and harness config")
+    add_trial_arguments(parser, "the config's tasks.eval plus, with tasks.demo, the held-out demo variants")
     add_config_arguments(parser, demo_default=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from legorl_jax.commands.train_cmd import join_process_group
-    from legorl_jax.core.config import ConfigError, HarnessSpec
+    from legorl_jax.core.config import ConfigError
     from legorl_jax.fleet import configured_fleet
     from legorl_jax.train.coordination import ProcessGroup
     from legorl_jax.train.evaluate import evaluate
-    from legorl_jax.train.groups import harness_choice
     from legorl_jax.wiring import local_server, task_ids
 
     overrides = [*args.overrides, f"model.path={args.model}"]
     if args.tasks:  # the in-process rollout server serves the config's tasks: make it these
         overrides += [f"tasks.eval={json.dumps(args.tasks)}", "tasks.train=[]", "tasks.demo=false"]
     config = load_command_config(args, overrides)
-    try:
-        specs = [HarnessSpec.model_validate(json.loads(h)) for h in args.harness] if args.harness else None
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"--harness: {exc}") from None
-    choices = [harness_choice(h) for h in (specs or config.harness_mix.harnesses)]
+    choices = trial_choices(args, config)
     ids = task_ids(config, "eval")
     if not ids:
         raise ConfigError("no evaluation tasks: pass --tasks, or set tasks.eval or tasks.demo in the config")
-    if args.samples < 1:
-        raise ConfigError("--samples must be at least 1")
     join_process_group(config.learner.heartbeat_timeout_s)
 
     async def main() -> dict[str, float]:

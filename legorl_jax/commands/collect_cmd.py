@@ -1,0 +1,74 @@
+"""`legorl collect`: a teacher's episodes on tasks × harness configurations,
+filtered, as a rollouts directory (`rollouts.jsonl` + `collect.json`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+from legorl_jax.commands import add_config_arguments, add_trial_arguments, load_command_config, trial_choices
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="HF model directory of the teacher: served by the config's engine, or with --engine-url only "
+        "its tokenizer and chat template are read (the episodes' token ids are in this tokenizer)",
+    )
+    parser.add_argument("--out", required=True, metavar="DIR", help="new rollouts directory to write")
+    parser.add_argument(
+        "--engine-url",
+        metavar="URL",
+        help="an engine already serving the teacher with vLLM's HTTP surface (vLLM, `legorl serve`), "
+        "used as is (engine.kind=external)",
+    )
+    add_trial_arguments(parser, "the config's training tasks, with tasks.demo the demo's")
+    parser.add_argument("--passing-only", action="store_true", help="keep only episodes that passed their verifier")
+    parser.add_argument("--min-reward", type=float, default=None, help="keep only episodes with at least this reward")
+    parser.add_argument(
+        "--per-task-cap", type=int, default=None, metavar="N", help="keep at most N episodes per task, best first"
+    )
+    add_config_arguments(parser, demo_default=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from legorl_jax.core.config import ConfigError
+    from legorl_jax.fleet import configured_fleet
+    from legorl_jax.train.collect import Keep, collect
+    from legorl_jax.train.rollout_log import ROLLOUTS_FILE
+    from legorl_jax.wiring import local_server, task_ids
+
+    if (Path(args.out) / ROLLOUTS_FILE).exists():  # before any engine starts
+        raise ConfigError(f"--out: {Path(args.out) / ROLLOUTS_FILE} exists: collect into a new directory")
+
+    overrides = [*args.overrides, f"model.path={args.model}"]
+    if args.engine_url:
+        overrides += ["engine.kind=external", f"engine.url={args.engine_url}"]
+    if args.tasks:  # the in-process rollout server serves the config's tasks: make it these
+        overrides += [f"tasks.train={json.dumps(args.tasks)}", "tasks.eval=[]", "tasks.demo=false"]
+    config = load_command_config(args, overrides)
+    choices = trial_choices(args, config)
+    try:
+        keep = Keep(args.passing_only, args.min_reward, args.per_task_cap)
+    except ValueError as exc:
+        raise ConfigError(f"--per-task-cap: {exc}") from None
+    ids = task_ids(config, "train")
+    if not ids:
+        raise ConfigError("no tasks: pass --tasks, or set tasks.train or tasks.demo in the config")
+    model = Path(args.model)
+    source = {"model": str(model), "engine": config.engine.kind, "url": config.engine.url}
+
+    async def main() -> dict[str, object]:
+        async with configured_fleet(config.fleet, local_server(config), model) as fleet:
+            return await collect(
+                fleet, config, ids, choices, samples=args.samples, keep=keep, out_dir=Path(args.out),
+                tokenizer_dir=model, source=source,
+            )  # fmt: skip
+
+    manifest = asyncio.run(main())
+    print(json.dumps(manifest, indent=2))
+    return 0

@@ -1,0 +1,120 @@
+"""Collecting episodes from a teacher: tasks × harness configurations run through
+the rollout fleet (the same servers, sandboxes and verifiers as training), kept
+by a filter and written as a rollouts directory that `legorl view` reads and
+supervised fine-tuning takes in.
+
+Token exactness: the proxy records the ids the engine sampled under the chat
+template of the model directory it was started with, so the episodes are the
+student's tokens only when teacher and student share that tokenizer. The
+directory's `collect.json` says which tokenizer the ids are in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from legorl_jax.core.config import Config
+from legorl_jax.core.seeds import derive_seed
+from legorl_jax.fleet import Fleet
+from legorl_jax.train.groups import HarnessChoice, group_spec
+from legorl_jax.train.harness_metrics import PASS_THRESHOLD
+from legorl_jax.train.rollout_log import ROLLOUTS_FILE, RolloutLog
+from protos.legorl.v1 import rollout_pb2 as pb
+
+MANIFEST_FILE = "collect.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Keep:
+    """Which episodes are written. Only graded ones (a reward) are ever kept:
+    an episode the engine, sandbox or harness broke teaches nothing."""
+
+    passing_only: bool = False
+    min_reward: float | None = None
+    per_task: int | None = None  # at most this many per task, the best rewards first
+
+    def __post_init__(self) -> None:
+        if self.per_task is not None and self.per_task < 1:
+            raise ValueError(f"the per-task cap must be at least 1, got {self.per_task}")
+
+    def admits(self, trajectory: pb.Trajectory) -> bool:
+        if not trajectory.HasField("reward") or trajectory.status != pb.TRIAL_STATUS_OK:
+            return False
+        if self.passing_only and trajectory.reward < PASS_THRESHOLD:
+            return False
+        return self.min_reward is None or trajectory.reward >= self.min_reward
+
+    def select(self, trajectories: Sequence[pb.Trajectory]) -> list[pb.Trajectory]:
+        """The admitted episodes, capped per task (highest reward first, then run order)."""
+        admitted = [t for t in trajectories if self.admits(t)]
+        if self.per_task is None:
+            return admitted
+        by_task: dict[str, list[pb.Trajectory]] = defaultdict(list)
+        for t in sorted(admitted, key=lambda t: -t.reward):  # stable: ties keep run order
+            if len(by_task[t.task_id]) < self.per_task:
+                by_task[t.task_id].append(t)
+        kept = {id(t) for group in by_task.values() for t in group}
+        return [t for t in admitted if id(t) in kept]
+
+
+async def collect(
+    fleet: Fleet,
+    config: Config,
+    task_ids: list[str],
+    choices: list[HarnessChoice],
+    *,
+    samples: int,
+    keep: Keep,
+    out_dir: Path,
+    tokenizer_dir: Path,
+    source: dict[str, Any],
+    progress: TextIO = sys.stderr,
+) -> dict[str, Any]:
+    """Runs `samples` trials of each task per harness configuration, writes the
+    kept ones to `out_dir/rollouts.jsonl` (step 0, kind "collect") with the
+    manifest beside them, and returns the manifest."""
+    out_dir = Path(out_dir)
+    if (out_dir / ROLLOUTS_FILE).exists():
+        raise FileExistsError(f"{out_dir / ROLLOUTS_FILE} exists: collect into a new directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs = [
+        group_spec(config, task, choice, samples, policy_version=0, step=0,
+                   seed=derive_seed(config.seed, "collect", index, choice.config_id))
+        for index, task in enumerate(task_ids)
+        for choice in choices
+    ]  # fmt: skip
+    trajectories: list[pb.Trajectory] = []
+    async for group in fleet.rollout(specs):
+        trajectories.extend(group.trajectories)
+        passed = sum(t.HasField("reward") and t.reward >= PASS_THRESHOLD for t in group.trajectories)
+        print(
+            f"[collect] {len(trajectories)}/{len(specs) * samples} trials: "
+            f"{group.trajectories[0].task_id if group.trajectories else '?'} passed {passed}/{len(group.trajectories)}",
+            file=progress,
+            flush=True,
+        )
+    kept = keep.select(trajectories)
+    log = RolloutLog(out_dir, tokenizer_dir, resume_step=0)
+    await asyncio.to_thread(log.write, 0, "collect", kept)
+    statuses = Counter(pb.TrialStatus.Name(t.status).removeprefix("TRIAL_STATUS_").lower() for t in trajectories)
+    manifest = {
+        "source": source,
+        "tokenizer": str(tokenizer_dir),
+        "tasks": len(task_ids),
+        "harness_configs": [c.config_id for c in choices],
+        "samples": samples,
+        "filter": dataclasses.asdict(keep),
+        "trials": len(trajectories),
+        "statuses": dict(sorted(statuses.items())),
+        "passed": sum(t.HasField("reward") and t.reward >= PASS_THRESHOLD for t in trajectories),
+        "kept": len(kept),
+    }
+    (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest

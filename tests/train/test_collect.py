@@ -1,0 +1,89 @@
+"""`legorl collect`: a teacher's episodes through the rollout server, filtered and
+written as a rollouts directory, from an external engine given by URL (served
+here by the embedded engine, a real one)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from legorl_jax.train.collect import Keep
+from legorl_jax.view.data import RunReader
+from protos.legorl.v1 import rollout_pb2 as pb
+from rollout_server.tasks import DEMO_TASKS_DIR
+
+TASKS = ("edit-config", "count-errors")
+
+
+def _trial(task: str, reward: float | None, status: int = pb.TRIAL_STATUS_OK) -> pb.Trajectory:
+    t = pb.Trajectory(task_id=task, status=status)
+    if reward is not None:
+        t.reward = reward
+    return t
+
+
+def test_the_filters_keep_graded_episodes_by_reward_and_cap_each_task_best_first() -> None:
+    trials = [
+        _trial("a", 0.0),
+        _trial("a", 1.0),
+        _trial("a", 0.5),
+        _trial("b", 1.0),
+        _trial("b", None),  # ungraded
+        _trial("b", 1.0, pb.TRIAL_STATUS_ENGINE_ERROR),  # a reward on a broken trial is never kept
+        _trial("c", 1.0),
+    ]
+    rewards = lambda kept: [(t.task_id, t.reward) for t in kept]  # noqa: E731
+    assert rewards(Keep().select(trials)) == [("a", 0.0), ("a", 1.0), ("a", 0.5), ("b", 1.0), ("c", 1.0)]
+    assert rewards(Keep(passing_only=True).select(trials)) == [("a", 1.0), ("b", 1.0), ("c", 1.0)]
+    assert rewards(Keep(min_reward=0.5).select(trials)) == [("a", 1.0), ("a", 0.5), ("b", 1.0), ("c", 1.0)]
+    assert rewards(Keep(per_task=2).select(trials)) == [("a", 1.0), ("a", 0.5), ("b", 1.0), ("c", 1.0)]
+    with pytest.raises(ValueError, match="at least 1"):
+        Keep(per_task=0)
+
+
+def _collect(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "legorl_jax.cli", "collect", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_collect_from_an_engine_url_writes_a_rollouts_directory_the_viewer_reads(tmp_path: Path) -> None:
+    from legorl_jax.models.demo_assets import build_tiny_hf_model
+    from legorl_jax.serve.server import EmbeddedEngine
+
+    model = build_tiny_hf_model(tmp_path / "teacher", seed=0, max_position_embeddings=8192)
+    out = tmp_path / "episodes"
+    args = [
+        "--model", str(model), "--out", str(out), "--tasks", *(str(DEMO_TASKS_DIR / t) for t in TASKS),
+        "--harness", '{"name": "lego"}', "--samples", "2", "--set", "rl.sampling.max_tokens=24",
+    ]  # fmt: skip
+    with EmbeddedEngine.start(model, max_slots=4, max_len=8192, max_chunk=256) as engine:
+        done = _collect(*args, "--engine-url", engine.url)
+        assert done.returncode == 0, done.stderr[-3000:]
+        again = _collect(*args, "--engine-url", engine.url)  # nothing collected is ever overwritten
+    assert again.returncode == 2 and "exists" in again.stderr and "Traceback" not in again.stderr
+
+    manifest = json.loads((out / "collect.json").read_text())
+    assert manifest == json.loads(done.stdout)
+    assert manifest["trials"] == len(TASKS) * 2 and sum(manifest["statuses"].values()) == manifest["trials"]
+    assert manifest["source"] == {"model": str(model), "engine": "external", "url": engine.url}
+    assert "[collect] 4/4 trials" in done.stderr  # progress, group by group
+    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    # No filter: every graded episode (a random teacher passes none, but is graded).
+    assert len(records) == manifest["kept"] == manifest["statuses"].get("ok", 0) > 0
+    for record in records:
+        assert record["kind"] == "collect" and record["reward"] is not None and record["task"] in TASKS
+        for seq in record["sequences"]:
+            sampled = sum(end - start for start, end in seq["spans"])
+            assert sampled > 0 and len(seq["logprobs"]) == sampled and len(seq["ids"]) >= sampled
+    reader = RunReader(out)
+    assert reader.state()["has_rollouts"] and len(reader.rollout_rows(0, None)["rows"]) == len(records)
+
+    filtered = _collect(*args, "--engine-url", "http://127.0.0.1:9", "--out", str(tmp_path / "none"), "--samples", "0")
+    assert filtered.returncode == 2 and "--samples" in filtered.stderr
