@@ -2,7 +2,8 @@
 with `--enable-lora`, an adapter `save_peft` exported is loaded while it runs, and the
 prompt logprobs of requests naming it equal transformers + peft's (float32); a new
 version replaces it (unload + load); tokens sampled through it carry the weights' label.
-Last, one adapter version (save_peft + load) against one full version (publish +
+A completion in flight when the adapter is replaced finishes on the old adapter, under the
+new label. Last, one adapter version (save_peft + load) against one full version (publish +
 reload) on the same engine: bytes on disk and wall seconds, printed (`-s`).
 
 One vLLM serves the module (each start takes 60-90 s on CPU); the tests run in file order.
@@ -10,6 +11,7 @@ One vLLM serves the module (each start takes 60-90 s on CPU); the tests run in f
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from legorl_jax.core.config import EngineConfig
-from rollout_server.backends.client import SyncEngineClient
+from rollout_server.backends.client import SyncEngineClient, TokenCompletion
 from rollout_server.backends.launch import ManagedEngine
 
 from .vllm_host import Reference, max_abs_diff
@@ -31,6 +33,8 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 ADAPTER = "policy"  # the model name requests give to sample through the adapter
 FIXED_TEXT = "def add(a, b):\n    return a + b\n\nprint(add(2, 3))  # five\n<|im_end|>"
 FULL = dict(temperature=1.0, top_p=1.0, top_k=-1)
+CONTEXT = 2048  # room for a completion long enough that an adapter replacement lands in its middle
+LONG = 1500  # that completion's tokens
 
 
 class PeftReference(Reference):
@@ -79,7 +83,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Assets:
 
     root = tmp_path_factory.mktemp("vllm-lora")
     # head_dim 32: the smallest vLLM's CPU attention takes.
-    base = build_tiny_hf_model(root / "base", seed=0, head_dim=32, max_position_embeddings=1024)
+    base = build_tiny_hf_model(root / "base", seed=0, head_dim=32, max_position_embeddings=CONTEXT)
     adapters = [
         save_peft(adapted_model(base, seed), root / "adapters" / f"v{seed}", base_model=str(base)) for seed in (1, 2)
     ]
@@ -87,7 +91,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Assets:
     return Assets(root, base, adapters, ids, Reference(base), [PeftReference(base, a) for a in adapters])
 
 
-def lora_engine_config(max_context: int = 1024) -> EngineConfig:
+def lora_engine_config(max_context: int = CONTEXT) -> EngineConfig:
     """float32 (else the CPU build serves the float32 checkpoint as bfloat16), LoRA up to RANK, one adapter."""
     lora = ["--enable-lora", "--max-lora-rank", str(RANK), "--max-loras", "1"]
     return EngineConfig(kind="vllm", port=0, max_batch=4, max_context=max_context, dtype="float32", extra_args=lora)
@@ -182,6 +186,43 @@ def test_tokens_sampled_through_the_adapter_carry_the_weights_label(
     diff = max_abs_diff(choice.logprobs, expected)
     print(f"\nsampled through the adapter: max |vLLM - transformers+peft| {diff:.3g}")
     assert diff < TOLERANCE
+
+
+def test_a_request_in_flight_finishes_on_the_adapter_it_started_with(
+    engine: ManagedEngine, assets: Assets, base_client: SyncEngineClient
+) -> None:
+    """What replace_adapter does to a completion in flight through the adapter: it goes on with
+    the old adapter (its request holds it; vLLM reads it again from its directory, which must
+    outlive the request). The engine's weight label is global, so its tokens after the relabel
+    carry the new version: wrong for adapters, which bind to a request when it starts."""
+    assert base_client.label_weights("old")
+
+    async def replace_mid_completion() -> TokenCompletion:
+        async with engine.client(model=ADAPTER) as through_adapter:
+            await through_adapter.model()  # asked now, so the completion's request goes out at once
+            running = asyncio.ensure_future(
+                through_adapter.complete(
+                    assets.ids, max_tokens=LONG, seed=9, ignore_eos=True, return_weight_versions=True, **FULL
+                )
+            )
+            await asyncio.sleep(1.0)  # about 150 tokens decoded at 2 cores' pace: mid-completion
+            assert not running.done(), "the completion ended before the replacement: too fast to test here"
+            await base_client.async_client.replace_adapter(ADAPTER, str(assets.adapters[1]))
+            await base_client.async_client.label_weights("new")
+            return (await running)[0]
+
+    choice = base_client.run(replace_mid_completion())
+    assert choice.weight_versions is not None and [v for v, _, _ in choice.weight_versions] == ["old", "new"]
+    ids = assets.ids + choice.token_ids
+    old, new = (ref.logprobs(ids)[len(assets.ids) - 1 :] for ref in assets.refs)
+    split = choice.weight_versions[0][2]
+    labelled_new = choice.logprobs[split:]
+    print(
+        f"\nin flight, tokens labelled new: max diff to the old adapter {max_abs_diff(labelled_new, old[split:]):.3g},"
+        f" to the new {max_abs_diff(labelled_new, new[split:]):.3g}"
+    )
+    assert max_abs_diff(choice.logprobs, old) < TOLERANCE  # every token, the relabelled ones too, from the old
+    assert max_abs_diff(labelled_new, new[split:]) > 100 * TOLERANCE
 
 
 def dir_bytes(path: Path) -> int:
