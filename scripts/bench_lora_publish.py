@@ -10,8 +10,11 @@ non-zero B) and publishes them both ways, in alternating order:
 - full: `DirectoryPublisher.publish` of the merged model (float32), then the
   client's `update_weights` (pause → reload → reset prefix cache → label → resume).
 It prints bytes on disk and the median wall seconds of each part, and the ratios
-full / adapter. Last, the bytes of both at Qwen3-0.6B's shape, computed from its
-shapes (torch's meta device: nothing is allocated).
+full / adapter. Then what decoding costs (median seconds of one completion): the
+base model, through the adapter, and through it after vLLM's own in-place
+replacement (load_inplace), which the client's replace_adapter avoids. Last, the
+bytes of both at Qwen3-0.6B's shape, computed from its shapes (torch's meta
+device: nothing is allocated).
 
     LEGORL_VLLM=.cache/vllm-venv/bin/vllm .venv/bin/python scripts/bench_lora_publish.py [--rounds 5]
 """
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
     from legorl_jax.models.transformer import CausalLM
     from legorl_jax.train.publish import DirectoryPublisher
     from rollout_server.backends.client import SyncEngineClient
+    from rollout_server.backends.launch import ManagedEngine
 
 ADAPTER = "policy"  # the model name requests give to sample through the adapter
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -88,6 +92,40 @@ def full_version(client: SyncEngineClient, publisher: DirectoryPublisher, model:
     return {"publish": published - start, "load": time.perf_counter() - published}, Path(location)
 
 
+def decode_s(client: SyncEngineClient, tokens: int) -> float:
+    """Wall seconds of one completion of `tokens` tokens (seeded, ignoring EOS)."""
+    start = time.perf_counter()
+    client.complete([1, 2, 3], max_tokens=tokens, seed=1, ignore_eos=True)
+    return time.perf_counter() - start
+
+
+def load_inplace(client: SyncEngineClient, adapter_dir: Path) -> None:
+    """vLLM's own in-place replacement (load_inplace), which the client's replace_adapter avoids."""
+    import httpx
+
+    body = {"lora_name": ADAPTER, "lora_path": str(adapter_dir), "load_inplace": True}
+    httpx.post(f"{client.base_url}/v1/load_lora_adapter", json=body, timeout=60).raise_for_status()
+
+
+def decode_costs(engine: ManagedEngine, root: Path, tokens: int, rounds: int) -> dict[str, float]:
+    """Median decode seconds: the base model, through the adapter after replace_adapter, and
+    after load_inplace (every later request then carries the flag that reloads it each step)."""
+    base, through = engine.sync_client(timeout=300), engine.sync_client(timeout=300, model=ADAPTER)
+    adapters = sorted((root / "adapters").iterdir())
+    try:
+        base.replace_adapter(ADAPTER, str(adapters[0]))
+        for warm_up in (base, through):
+            decode_s(warm_up, tokens)
+        out = {"base": [decode_s(base, tokens) for _ in range(rounds)]}
+        out["adapter"] = [decode_s(through, tokens) for _ in range(rounds)]
+        load_inplace(base, adapters[1])
+        out["adapter after load_inplace"] = [decode_s(through, tokens) for _ in range(rounds)]
+    finally:
+        base.close()
+        through.close()
+    return {name: statistics.median(seconds) for name, seconds in out.items()}
+
+
 def shape_bytes(rank: int) -> dict[str, int]:
     """Qwen3-0.6B's bytes: the adapters as save_peft writes them (float32), the full model in float32 and bf16."""
     import peft
@@ -106,6 +144,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--decode-tokens", type=int, default=400, help="tokens per completion in the decode costs")
     args = parser.parse_args()
 
     from legorl_jax.core.config import EngineConfig
@@ -137,10 +176,13 @@ def main() -> None:
                 sizes[kind] = dir_bytes(out)
                 if version > 1:
                     runs[kind].append(seconds)
+        decode = decode_costs(engine, root, args.decode_tokens, args.rounds)
     finally:
         client.close()
         engine.stop()
     report(runs, sizes, args.rank)
+    for name, wall in decode.items():
+        print(f"decode {args.decode_tokens} tokens, {name}: {wall:.3f} s ({wall / decode['base']:.2f}x base)")
 
 
 def report(runs: dict[str, list[dict[str, float]]], sizes: dict[str, int], rank: int) -> None:

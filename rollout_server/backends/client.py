@@ -432,8 +432,8 @@ class EngineClient:
         """A new version of the adapter `name`: unloaded, then `adapter_dir` loaded (requests naming it
         in between get 404). Not vLLM's load_inplace: every later request carries that flag, and the
         worker reads the adapter from disk again at each step (vllm/lora/worker_manager.py, add_adapter;
-        decode through it ran 30-45% slower here). Give each version its own directory: vLLM keys
-        prefix-cache blocks by (name, path)."""
+        decode through it ran a third to a half slower: scripts/bench_lora_publish.py). Give each version
+        its own directory: vLLM keys prefix-cache blocks by (name, path)."""
         await self.unload_adapter(name)
         return await self.load_adapter(name, adapter_dir)
 
