@@ -410,6 +410,33 @@ class EngineClient:
             raise
         return True
 
+    async def _post_text(self, path: str, body: dict[str, Any]) -> str:
+        """POST to a route that answers plain text (vLLM's adapter routes), raising its errors."""
+        try:
+            response = await self._http.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise EngineError(0, f"POST {path}: {exc!r}", "ConnectionError") from exc
+        raise_for_error(response)
+        return response.text
+
+    async def load_adapter(self, name: str, adapter_dir: str) -> str:
+        """Serves the PEFT adapter in `adapter_dir` as model `name` (vLLM's /v1/load_lora_adapter: the
+        engine needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING); vLLM refuses a name it serves."""
+        return await self._post_text("/v1/load_lora_adapter", {"lora_name": name, "lora_path": adapter_dir})
+
+    async def unload_adapter(self, name: str) -> str:
+        """Stops serving the adapter `name` (vLLM's /v1/unload_lora_adapter); requests naming it get 404."""
+        return await self._post_text("/v1/unload_lora_adapter", {"lora_name": name})
+
+    async def replace_adapter(self, name: str, adapter_dir: str) -> str:
+        """A new version of the adapter `name`: unloaded, then `adapter_dir` loaded (requests naming it
+        in between get 404). Not vLLM's load_inplace: every later request carries that flag, and the
+        worker reads the adapter from disk again at each step (vllm/lora/worker_manager.py, add_adapter;
+        decode through it ran a third to a half slower: scripts/bench_lora_publish.py). Give each version
+        its own directory: vLLM keys prefix-cache blocks by (name, path)."""
+        await self.unload_adapter(name)
+        return await self.load_adapter(name, adapter_dir)
+
     async def _load(self, weights_path: str) -> dict[str, Any]:
         result = await self.reload_weights(weights_path)
         if await self.reset_prefix_cache() is False:
@@ -505,6 +532,15 @@ class SyncEngineClient:
 
     def label_weights(self, version: str) -> bool:
         return self._run(self._async.label_weights(version))
+
+    def load_adapter(self, name: str, adapter_dir: str) -> str:
+        return self._run(self._async.load_adapter(name, adapter_dir))
+
+    def unload_adapter(self, name: str) -> str:
+        return self._run(self._async.unload_adapter(name))
+
+    def replace_adapter(self, name: str, adapter_dir: str) -> str:
+        return self._run(self._async.replace_adapter(name, adapter_dir))
 
     def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Runs a coroutine of the async client (`async_client`) to its end."""

@@ -28,6 +28,10 @@ Flags and why:
   processing (every version in the range has it), wrapped by
   `--worker-extension-cls` (`vllm_ext/legorl_vllm_ext.py`) so that a tied LM
   head follows its new embedding (vLLM's own reload leaves it on the old one).
+- `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` when `engine.extra_args` has
+  `--enable-lora`: serves /v1/load_lora_adapter and /v1/unload_lora_adapter,
+  through which PEFT adapters (`save_peft`) are loaded by name while it runs
+  (tests/rollout/test_vllm_lora.py checks them against transformers + peft).
 """
 
 from __future__ import annotations
@@ -198,4 +202,7 @@ def vllm_plan(
         command.append("--enable-scale-out")
     pythonpath = os.pathsep.join(p for p in (str(EXTENSION_DIR), os.environ.get("PYTHONPATH", "")) if p)
     env = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": pythonpath}
+    if "--enable-lora" in engine.extra_args:
+        # Adapter versions arrive while it runs (/v1/load_lora_adapter), which vLLM serves only with this set.
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return LaunchPlan(command=command, env=env, url=f"http://{engine.host}:{port}")

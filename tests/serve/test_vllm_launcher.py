@@ -59,6 +59,15 @@ def test_vllm_command_carries_the_flags_rl_needs(vllm_standin: str) -> None:
     assert _pairs(later.command)["--served-model-name"] == _pairs(later.command)["--tokenizer"] == "/models/qwen3"
 
 
+def test_lora_serving_allows_adapters_at_runtime(vllm_standin: str) -> None:
+    """With --enable-lora vLLM serves /v1/load_lora_adapter only under VLLM_ALLOW_RUNTIME_LORA_UPDATING."""
+    options = VllmOptions(executable=vllm_standin)
+    plain = vllm_plan(EngineConfig(kind="vllm", port=8123), "/m", options)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.env
+    lora = EngineConfig(kind="vllm", port=8123, extra_args=["--enable-lora", "--max-lora-rank", "32"])
+    assert vllm_plan(lora, "/m", options).env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
 def test_the_engine_options_become_vllm_flags(vllm_standin: str) -> None:
     options = VllmOptions(executable=vllm_standin)
     default = vllm_plan(EngineConfig(kind="vllm", port=8123), "/m", options).command
