@@ -23,7 +23,7 @@ import grpc
 
 from legorl_jax.core.aio import completion_order
 from legorl_jax.core.config import FleetConfig, GrpcSecurityConfig
-from legorl_jax.core.grpc_auth import client_security
+from legorl_jax.core.grpc_auth import Keepalive, client_security
 from legorl_jax.core.seeds import derive_seed
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
@@ -93,6 +93,7 @@ class Fleet:
         probe_interval_s: float = 2.0,
         wait_for_servers_s: float = 60.0,
         security: GrpcSecurityConfig | None = None,
+        keepalive: Keepalive = Keepalive(),
     ) -> None:
         self._addresses = list(addresses)
         if not self._addresses:
@@ -106,6 +107,8 @@ class Fleet:
         self._rpc_timeout_s = rpc_timeout_s
         self._probe_interval_s = probe_interval_s
         self._wait_for_servers_s = wait_for_servers_s
+        # A stalled server (stopped, wedged) fails its streams after time_s + timeout_s, and its trials are re-issued.
+        self._keepalive = keepalive
         self._servers: list[_Server] = []
         self._slot_freed = asyncio.Condition()
         self._ids = itertools.count()
@@ -116,7 +119,7 @@ class Fleet:
 
     async def __aenter__(self) -> Fleet:
         for address in self._addresses:
-            channel = self.security.channel(address)
+            channel = self.security.channel(address, self._keepalive)
             self._servers.append(_Server(address, pb_grpc.RolloutServiceStub(channel), channel))
         await self.refresh()
         if not any(s.alive for s in self._servers):

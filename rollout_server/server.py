@@ -29,7 +29,7 @@ import uvicorn
 
 from legorl_jax.core import log_redaction
 from legorl_jax.core.config import Config, ConfigError, EngineConfig
-from legorl_jax.core.grpc_auth import client_security, server_security
+from legorl_jax.core.grpc_auth import SERVER_KEEPALIVE_OPTIONS, client_security, server_security
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient, EngineError
 from rollout_server.backends.launch import ManagedEngine, start_engine
@@ -252,7 +252,8 @@ class RolloutServer:
         )
         # Streamed weights carry tokenizer files whole in their header (Qwen3's is ~11 MB).
         self._grpc = grpc.aio.server(
-            interceptors=security.interceptors, options=[("grpc.max_receive_message_length", 64 * 2**20)]
+            interceptors=security.interceptors,
+            options=[("grpc.max_receive_message_length", 64 * 2**20), *SERVER_KEEPALIVE_OPTIONS],
         )
         pb_grpc.add_RolloutServiceServicer_to_server(self.service, self._grpc)
         if security.credentials is None:

@@ -22,6 +22,7 @@ from typing import Any, cast
 import grpc
 import numpy as np
 
+from legorl_jax.core.grpc_auth import SERVER_KEEPALIVE_OPTIONS
 from legorl_jax.core.weight_layout import read_tensors
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient
@@ -69,7 +70,7 @@ async def start(
         weights_roots=weights_roots,
         check_probe=False,
     )
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20), *SERVER_KEEPALIVE_OPTIONS])
     pb_grpc.add_RolloutServiceServicer_to_server(service, server)
     port = server.add_insecure_port(address)
     await server.start()

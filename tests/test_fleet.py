@@ -8,13 +8,20 @@ re-issue and failure handling can be observed.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
 
+from legorl_jax.core.grpc_auth import Keepalive
 from legorl_jax.core.seeds import derive_seed
-from legorl_jax.fleet import Fleet, FleetError, GroupSpec
+from legorl_jax.fleet import Fleet, FleetError, GroupResult, GroupSpec
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -129,6 +136,65 @@ def test_trials_of_a_dead_server_are_reissued_elsewhere() -> None:
         assert all(t.status == pb.TRIAL_STATUS_OK for t in result.trajectories)
 
     run(main)
+
+
+# A rollout server in its own process that takes a Rollout and never answers it: SIGSTOPped, it is a
+# stalled host (the kernel keeps its connections open; nothing in it answers a ping).
+_STALLING_SERVER = """
+import asyncio, sys
+import grpc
+from legorl_jax.core.grpc_auth import SERVER_KEEPALIVE_OPTIONS
+from protos.legorl.v1 import rollout_pb2 as pb, rollout_pb2_grpc as pb_grpc
+
+class Stalling(pb_grpc.RolloutServiceServicer):
+    async def Rollout(self, request, context):
+        print("rollout", flush=True)
+        await asyncio.sleep(3600)
+        yield pb.Trajectory()
+
+    async def GetStatus(self, request, context):
+        return pb.ServerStatus(capacity=16, engine_healthy=True)
+
+async def main():
+    server = grpc.aio.server(options=SERVER_KEEPALIVE_OPTIONS)
+    pb_grpc.add_RolloutServiceServicer_to_server(Stalling(), server)
+    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    await server.start()
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def test_trials_of_a_stalled_server_are_reissued_within_the_keepalive() -> None:
+    """A stopped host holds its connection open and answers nothing: HTTP/2 pings find it, and its
+    trials are re-issued after about time_s + timeout_s, not after the call's hour-long deadline."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", _STALLING_SERVER], stdout=subprocess.PIPE, cwd=root, text=True)
+
+    async def main() -> None:
+        assert proc.stdout is not None
+        stalled = f"127.0.0.1:{proc.stdout.readline().strip()}"
+        healthy = CannedServicer("healthy", capacity=4)
+        addresses = [stalled, await start(healthy)]
+        keepalive = Keepalive(time_s=1.0, timeout_s=1.0)
+        async with Fleet(addresses, probe_interval_s=0.2, keepalive=keepalive, rpc_timeout_s=120.0) as fleet:
+            rollout = asyncio.ensure_future(_collect(fleet.rollout([spec("t0", size=3)])))
+            assert await asyncio.to_thread(proc.stdout.readline) == "rollout\n"  # the group went to it first
+            os.kill(proc.pid, signal.SIGSTOP)
+            (result,) = await asyncio.wait_for(rollout, 20.0)
+        assert result.reissues == 1
+        assert [t.labels["server"] for t in result.trajectories] == ["healthy"] * 3
+
+    try:
+        run(main)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def _collect(results: AsyncIterator[GroupResult]) -> list[GroupResult]:
+    return [r async for r in results]
 
 
 def test_a_group_comes_back_in_the_order_asked_and_reissues_sample_anew() -> None:

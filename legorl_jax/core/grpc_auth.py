@@ -134,14 +134,43 @@ def server_security(cfg: GrpcSecurityConfig) -> ServerSecurity:
 
 
 @dataclasses.dataclass(frozen=True)
+class Keepalive:
+    """HTTP/2 pings on a client channel. A peer that holds its connection but answers nothing (a stopped
+    or wedged host: its kernel still acknowledges TCP) is noticed only this way; without pings a streaming
+    Rollout to it waits out its whole deadline (fleet.rpc_timeout_s, an hour)."""
+
+    time_s: float = 20.0  # a ping after this long without one
+    timeout_s: float = 10.0  # the transport is closed (calls fail UNAVAILABLE) when a ping goes unanswered this long
+
+    def options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.keepalive_time_ms", int(self.time_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(self.timeout_s * 1000)),
+            # gRPC 1.85 waits this long for a keepalive ping's answer (default a minute), not keepalive_timeout_ms.
+            ("grpc.http2.ping_timeout_ms", int(self.timeout_s * 1000)),
+            # A Rollout's client sends nothing after its request: by default it would stop pinging after two.
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+
+
+# What every server of ours sets, so the clients' pings during a long silent stream are not answered with
+# GOAWAY "too_many_pings" (gRPC's default allows one ping in 5 minutes without data).
+SERVER_KEEPALIVE_OPTIONS = [
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+@dataclasses.dataclass(frozen=True)
 class ClientSecurity:
     credentials: grpc.ChannelCredentials | None = None
     metadata: Metadata = ()
 
-    def channel(self, address: str) -> grpc.aio.Channel:
+    def channel(self, address: str, keepalive: Keepalive = Keepalive()) -> grpc.aio.Channel:
+        options = keepalive.options()
         if self.credentials is None:
-            return grpc.aio.insecure_channel(address)
-        return grpc.aio.secure_channel(address, self.credentials)
+            return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.secure_channel(address, self.credentials, options=options)
 
 
 def client_security(cfg: GrpcSecurityConfig) -> ClientSecurity:
