@@ -36,11 +36,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import dataclasses
 import importlib
 import json
 import logging
 import os
+import pstats
 import resource
 import shutil
 import signal
@@ -254,6 +256,7 @@ class StepStats:
     trajectories: int
     bytes: int
     cpu_s: float
+    loop_cpu_s: float  # of that, the event loop's thread (the rest: gRPC's own threads)
     group_done_s: list[float]
     statuses: dict[str, int]
     reissues: int
@@ -271,6 +274,7 @@ class StepStats:
             "MB_per_s": round(self.bytes / self.wall_s / 1e6, 3),
             "bytes_per_traj": round(self.bytes / max(self.trajectories, 1)),
             "cpu_ms_per_traj": round(1000 * self.cpu_s / max(self.trajectories, 1), 3),
+            "loop_cpu_ms_per_traj": round(1000 * self.loop_cpu_s / max(self.trajectories, 1), 3),
             "p50_s": round(_quantile(done, 0.5), 2),
             "p99_s": round(_quantile(done, 0.99), 2),
             "max_s": round(done[-1], 2) if done else 0.0,
@@ -324,7 +328,7 @@ async def run_step(fleet: Fleet, specs: list[GroupSpec], calls: list[Any], fault
     results: list[GroupResult] = []
     done_s: list[float] = []
     collected = 0
-    cpu0, start = _cpu_s(), time.monotonic()
+    cpu0, loop0, start = _cpu_s(), time.thread_time(), time.monotonic()
     injector = asyncio.create_task(fault(lambda: collected / total)) if fault else None
     last_print = start
     try:
@@ -340,7 +344,7 @@ async def run_step(fleet: Fleet, specs: list[GroupSpec], calls: list[Any], fault
             injector.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await injector
-    wall, cpu = time.monotonic() - start, _cpu_s() - cpu0
+    wall, cpu, loop_cpu = time.monotonic() - start, _cpu_s() - cpu0, time.thread_time() - loop0
     trajectories = [t for r in results for t in r.trajectories]
     return StepStats(
         hosts=len(fleet.addresses),
@@ -350,6 +354,7 @@ async def run_step(fleet: Fleet, specs: list[GroupSpec], calls: list[Any], fault
         trajectories=len(trajectories),
         bytes=sum(t.ByteSize() for t in trajectories),
         cpu_s=cpu,
+        loop_cpu_s=loop_cpu,
         group_done_s=done_s,
         statuses=dict(Counter(pb.TrialStatus.Name(t.status).removeprefix("TRIAL_STATUS_") for t in trajectories)),
         reissues=sum(r.reissues for r in results),
@@ -439,13 +444,27 @@ async def faults(bench: Bench, count: int, which: Sequence[str]) -> list[dict[st
 
 def print_table(rows: Sequence[dict[str, Any]], title: str) -> None:
     cols = ["fault", "hosts", "trials", "wall_s", "dispatched_per_s", "collected_per_s", "MB_per_s",
-            "cpu_ms_per_traj", "p50_s", "p99_s", "max_s", "reissues", "exactly_once", "host_rss_mib"]  # fmt: skip
+            "cpu_ms_per_traj", "loop_cpu_ms_per_traj", "p50_s", "p99_s", "max_s", "reissues", "exactly_once",
+            "host_rss_mib"]  # fmt: skip
     cols = [c for c in cols if any(c in r for r in rows)]
     print(f"\n{title}\n| " + " | ".join(cols) + " | statuses |")
     print("|" + " --- |" * (len(cols) + 1))
     for row in rows:
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(row["statuses"].items()))
         print("| " + " | ".join(str(row.get(c, "")) for c in cols) + f" | {statuses} |")
+
+
+def profiled(top: int, work: Any) -> Any:
+    """`work()`, under cProfile when `top` > 0: the functions of this process's main thread (the event
+    loop the fleet client runs on) with the most own time, printed. Profiling inflates the CPU figures."""
+    if top <= 0:
+        return work()
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(work)
+    finally:
+        print(f"\nlearner side, top {top} functions by own time over the sweep:", file=sys.stderr)
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(top)
 
 
 @contextlib.contextmanager
@@ -506,6 +525,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the fleet's Rollout deadline (fleet.rpc_timeout_s; default: %(default)s)",
     )
     parser.add_argument("--start-timeout-s", type=float, default=300.0, help="how long hosts may take to start")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="profile the sweep's learner side; print the top N"
+    )
     parser.add_argument("--json", type=Path, help="also write every row to this file")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (tasks, model, host logs)")
     parser.add_argument("--serve-engine", metavar="TOKENIZER_DIR", help=argparse.SUPPRESS)
@@ -520,7 +542,7 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     with fleet_of(args, counts[-1]) as bench:
         rss = [round(h.rss_mib()) for h in bench.hosts]
         print(f"[bench] host RSS at rest: {min(rss)}–{max(rss)} MiB each", file=sys.stderr, flush=True)
-        out["sweep"] = asyncio.run(sweep(bench, counts))
+        out["sweep"] = profiled(args.profile, lambda: asyncio.run(sweep(bench, counts)))
         if args.faults is not None:
             out["faults"] = asyncio.run(faults(bench, counts[-1], args.faults or FAULTS))
     print_table(out["sweep"], f"sweep: {args.trials} trials per step, groups of {args.group_size}")
@@ -536,6 +558,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve_engine:
         serve_engine(args.serve_engine, args.engine_port)
         return 0
+    # SIGTERM unwinds like Ctrl-C, so the hosts and the engine are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # The fleet's warnings (a server lost, trials re-issued) with their times, beside the progress lines.
     logging.basicConfig(level=logging.WARNING, format="    %(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     out = run(args)
