@@ -15,7 +15,8 @@ For each host count it runs whole steps (--trials trials in groups of
 --group-size) and prints trials/s dispatched and collected, trajectory bytes/s
 taken in by the learner side, learner-side CPU seconds per trajectory (this
 process's rusage: the fleet client, its gRPC threads, protobuf parsing) and the
-p50 / p99 / max time from the step's start to a group's collection. Every step
+p50 / p99 / max time from the step's start to a group's collection ("dispatched" is the trials
+over the time to the step's last Rollout call, re-issues included). Every step
 checks that every trial asked for came back exactly once, as a trajectory or a
 recorded failure status.
 
@@ -24,7 +25,8 @@ SIGSTOPped mid-step (a stall: the process holds its connections but answers
 nothing), and a slow verifier (1 group in 20 on a task whose verifier sleeps
 --slow-verifier-s). Each fault step is reported against a clean step.
 
-All processes share this machine's cores, so the servers' trial work competes
+The largest host count is started once (each host is ~0.4 GiB resident: 32 need ~13 GiB) and
+the smaller counts use its first hosts. All processes share this machine's cores, so the servers' trial work competes
 with the learner side: trials/s here is a floor for the control plane, and
 the CPU seconds per trajectory (the learner side's own) is what extrapolates.
 
