@@ -14,6 +14,8 @@ import gcsfs
 import pytest
 
 BUCKET = "legorl-test"
+# A dead emulator fails a request at once; tensorstore's default retries would back off for minutes.
+FAST_FAILING = {"gcs_request_retries": {"max_retries": 2, "initial_delay": "10ms", "max_delay": "50ms"}}
 
 
 class Emulator:

@@ -15,6 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 from etils import epath
 from flax import nnx
+from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 
 from legorl_jax.core.config import CheckpointConfig, LearnerConfig, MeshConfig, OptimizerConfig, RLConfig
 from legorl_jax.models import CausalLM
@@ -23,7 +24,7 @@ from legorl_jax.train.checkpoint import Checkpointer, CheckpointSaveError
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
 
-from .emulated_gcs import BUCKET, Emulator, point_at
+from .emulated_gcs import BUCKET, FAST_FAILING, Emulator, point_at
 
 pytestmark = pytest.mark.gcs
 
@@ -122,12 +123,17 @@ def test_storage_gone_mid_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
             return await json_save(self, *args, **kwargs)
 
         monkeypatch.setattr(ocp.handlers.JsonCheckpointHandler, "async_save", storage_dies)
+        # Step 3's array writes outlive the failed save in Orbax's threads: with tensorstore's default
+        # retries (minutes) they would reach the restarted emulator after the resumed run's step 3.
+        for context in (ts_utils._BASE_TS_CONTEXT, ts_utils._DEFAULT_OCDBT_TS_CONTEXT):
+            monkeypatch.setitem(context, "gcs_request_retries", FAST_FAILING["gcs_request_retries"])
         started = time.monotonic()
         with pytest.raises(CheckpointSaveError, match=rf"{url}: the checkpoint of step 3 .*did not finish .*connect"):
             _train_and_save(learner, ckpt, range(3, 4), packed)
             ckpt.wait()
         print(f"the save failed after {time.monotonic() - started:.1f} s (gcsfs retries with backoff)")
-        monkeypatch.undo()
+        monkeypatch.setattr(ocp.handlers.JsonCheckpointHandler, "async_save", json_save)
+        time.sleep(1)  # the orphaned writes give up (two retries, 50 ms apart at most)
 
         emu.start()
         point_at(emu, monkeypatch)

@@ -25,13 +25,11 @@ from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.weight_host import start
 
-from .emulated_gcs import BUCKET, Emulator, point_at
+from .emulated_gcs import BUCKET, FAST_FAILING, Emulator, point_at
 
 pytestmark = pytest.mark.gcs
 
 SMALL_SHARDS = 16 * 2**10  # several shard files for the tiny model
-# A dead emulator fails a request at once; tensorstore's default retries would back off for minutes.
-FAST_FAILING = {"gcs_request_retries": {"max_retries": 2, "initial_delay": "10ms", "max_delay": "50ms"}}
 
 
 def keys(url: str) -> set[str]:
