@@ -78,6 +78,30 @@ def test_cross_field_rule_reported() -> None:
         load_config(None, ["learner.mesh.data=-1"])
 
 
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("gs:/legorl-test/run", "is not a gs:// URL"),
+        ("gs://", "is not a GCS bucket name"),
+        ("gs://Bad_Bucket/run", "is not a GCS bucket name"),
+        ("gs://legorl-test//run", "empty, '.' or '..' segment"),
+        ("s3://bucket/run", "only a local path or gs://bucket/prefix"),
+    ],
+)
+def test_a_malformed_checkpoint_url_names_the_field(value: str, why: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"learner.checkpoint.directory={value}"])
+    assert "learner.checkpoint.directory:" in str(info.value) and why in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [("gs://legorl-test/runs/a/", "gs://legorl-test/runs/a"), ("gs://legorl-test", "gs://legorl-test"), ("ck", "ck")],
+)
+def test_a_checkpoint_directory_is_kept_as_written(value: str, kept: str) -> None:
+    assert load_config(None, [f"learner.checkpoint.directory={value}"]).learner.checkpoint.directory == kept
+
+
 @pytest.mark.parametrize("text", ["novalue", "=3", "a..b=1"])
 def test_malformed_override_rejected(text: str) -> None:
     with pytest.raises(ConfigError, match="--set"):

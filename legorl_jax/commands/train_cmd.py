@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(outcome, signal.Signals):
         print(
             f"legorl train: stopped by {outcome.name} after step {trainer.step}; "
-            f"run the same command again to resume from the last checkpoint in {trainer.run_dir / 'checkpoints'}",
+            f"run the same command again to resume from the last checkpoint in {trainer.checkpoint_dir}",
             flush=True,
         )
         if trainer.busy:

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from legorl_jax.core.body_limit import DEFAULT_MAX_REQUEST_BYTES
+from legorl_jax.core.storage_location import checked_location
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -139,6 +140,16 @@ class CheckpointConfig(Strict):
     every_steps: int = Field(10, gt=0)
     keep: int = Field(3, gt=0, description="Checkpoints kept on disk.")
     async_save: bool = True
+    directory: str | None = Field(
+        None,
+        description="The run's checkpoint directory: a local path or gs://bucket/prefix that every learner "
+        "process can write (None: <run dir>/checkpoints).",
+    )
+
+    @field_validator("directory")
+    @classmethod
+    def _location(cls, value: str | None) -> str | None:
+        return None if value is None else checked_location(value)
 
 
 class LearnerConfig(Strict):

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 from jax.sharding import Mesh
 
+from legorl_jax.core.storage_location import checked_location, is_gcs
 from legorl_jax.models.config import ModelConfig
 from legorl_jax.models.hf_io import CheckpointError, abstract_model
 from legorl_jax.models.lora import add_adapters
@@ -25,42 +27,49 @@ from legorl_jax.models.sharding import param_sharding
 from legorl_jax.models.transformer import CausalLM
 
 
-def save_params(model: CausalLM, directory: str | os.PathLike[str], *, step: int = 0) -> Path:
+def checkpoint_root(location: str | os.PathLike[str]) -> epath.Path:
+    """A checkpoint directory as Orbax takes it: a gs:// URL stays one (etils reaches it through gcsfs,
+    the arrays go through tensorstore), a local path is made absolute. ValueError for a malformed URL."""
+    checked = checked_location(os.fspath(location))
+    return epath.Path(checked) if is_gcs(checked) else epath.Path(Path(checked).resolve())
+
+
+def save_params(model: CausalLM, directory: str | os.PathLike[str], *, step: int = 0) -> epath.Path:
     """Write the model's parameters as step `step` of an Orbax checkpoint directory."""
-    directory = Path(directory).resolve()
+    root = checkpoint_root(directory)
     params = nnx.state(model, nnx.Param).to_pure_dict()
-    with ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=True)) as manager:
+    with ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(create=True)) as manager:
         manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)), force=True)
         manager.wait_until_finished()
-    return directory
+    return root
 
 
 def load_params(
     directory: str | os.PathLike[str], config: ModelConfig, *, step: int | None = None, mesh: Mesh | None = None
 ) -> CausalLM:
     """A `CausalLM` for `config` with parameters from an Orbax checkpoint (latest step by default)."""
-    directory = Path(directory).resolve()
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: not a checkpoint directory")
+    root = checkpoint_root(directory)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a checkpoint directory")
     graphdef, state = nnx.split(abstract_model(config))
     target = jax.tree.map(
         lambda x, path: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=param_sharding(path, x.shape, mesh)),
         state.to_pure_dict(),
         _paths(state.to_pure_dict()),
     )
-    nnx.replace_by_pure_dict(state, _restore_params(directory, target, step))
+    nnx.replace_by_pure_dict(state, _restore_params(root, target, step))
     return nnx.merge(graphdef, state)
 
 
 def saved_lora(directory: str | os.PathLike[str], *, step: int | None = None) -> dict | None:
     """The adapters' settings a learner checkpoint recorded ({"rank", "alpha", "targets"}), or
     None: a full model's checkpoint, or a params-only one (`save_params`)."""
-    directory = Path(directory).resolve()
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: not a checkpoint directory")
-    with ocp.CheckpointManager(directory) as manager:
-        step = _step(manager, directory, step)
-        if not (directory / str(step) / "meta").is_dir():
+    root = checkpoint_root(directory)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a checkpoint directory")
+    with ocp.CheckpointManager(root) as manager:
+        step = _step(manager, root, step)
+        if not (root / str(step) / "meta").is_dir():
             return None
         meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     return meta.get("lora")
@@ -76,19 +85,19 @@ def load_adapters(
     add_adapters(base, rank=spec["rank"], alpha=spec["alpha"], targets=spec["targets"], seed=0, mesh=mesh)
     state = nnx.state(base, nnx.LoRAParam)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.to_pure_dict())
-    nnx.replace_by_pure_dict(state, _restore_params(Path(directory).resolve(), target, step))
+    nnx.replace_by_pure_dict(state, _restore_params(checkpoint_root(directory), target, step))
     nnx.update(base, state)
     return base
 
 
-def _step(manager: ocp.CheckpointManager, directory: Path, step: int | None) -> int:
+def _step(manager: ocp.CheckpointManager, directory: epath.Path, step: int | None) -> int:
     chosen = manager.latest_step() if step is None else step
     if chosen is None or chosen not in manager.all_steps():
         raise CheckpointError(f"{directory}: no checkpoint step {chosen} (have {manager.all_steps()})")
     return chosen
 
 
-def _restore_params(directory: Path, target: dict, step: int | None) -> dict:
+def _restore_params(directory: epath.Path, target: dict, step: int | None) -> dict:
     with ocp.CheckpointManager(directory) as manager:
         chosen = _step(manager, directory, step)
         return manager.restore(chosen, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]

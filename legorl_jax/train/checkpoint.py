@@ -7,12 +7,18 @@ each writes the shards its devices hold and Orbax's primary process writes the
 metadata — while the one decision that is not a pure function of the step (a
 forced save, e.g. on pre-emption) is taken by process 0 and broadcast, so no
 process waits forever on a save the others skipped.
+
+The directory is a local path or a `gs://bucket/prefix` URL (`checkpoint_root`): on GCS Orbax writes a
+step in place and marks it finished with a `commit_success.txt` (no atomic rename there), and lists only
+finished steps, so a save cut short is never restored.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -22,11 +28,16 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from legorl_jax.core.config import CheckpointConfig
+from legorl_jax.models.orbax_io import checkpoint_root
 from legorl_jax.train.step import Learner
 
 
 class CheckpointMismatch(ValueError):
     """A checkpoint that this run's learner cannot take up (it trained other parameters)."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that did not finish (storage gone, a write refused): the step is not restorable."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +55,13 @@ def _agree(flag: bool) -> bool:
 
 
 class Checkpointer:
-    def __init__(self, directory: str | Path, cfg: CheckpointConfig) -> None:
-        self.directory = Path(directory).resolve()
+    def __init__(self, directory: str | os.PathLike[str], cfg: CheckpointConfig) -> None:
+        try:
+            self.directory = checkpoint_root(directory)
+        except ValueError as exc:
+            raise ValueError(f"checkpoint directory: {exc}") from None
+        self.async_save = cfg.async_save
+        self._started: int | None = None  # the step of the last save started
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -54,8 +70,14 @@ class Checkpointer:
                 enable_async_checkpointing=cfg.async_save,
                 create=True,
                 # A save cut short leaves a `<step>.orbax-checkpoint-tmp-*` directory that restores never
-                # read (they take finished steps only); removed before the first save of a resumed run.
+                # read (they take finished steps only); removed before the first save of a resumed run. On
+                # gs:// it leaves `<step>` without its commit_success.txt, never restored either, and
+                # written over when the resumed run saves that step.
                 cleanup_tmp_directories=True,
+                # Created in the background, a step directory the storage fails to create (a bucket gone)
+                # leaves the save waiting on a signal that never comes, then a bare TimeoutError. Created
+                # by `save` itself, before the async part, the storage's own error comes at `wait`.
+                async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
             ),
         )
 
@@ -86,7 +108,15 @@ class Checkpointer:
             rng=ocp.args.StandardSave({"key_data": np.asarray(jax.random.key_data(rng))}),
             meta=ocp.args.JsonSave(meta),
         )
-        return self.manager.save(learner.step, args=args, force=_agree(force))
+        force = _agree(force)
+        which = f"step {learner.step}"
+        if self.async_save and self._started is not None:
+            # Orbax raises an async save's failure at the next save.
+            which += f" or the async save of step {self._started} before it"
+        with self._saving(which):
+            started = self.manager.save(learner.step, args=args, force=force)
+        self._started = learner.step if started else self._started
+        return started
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -122,7 +152,20 @@ class Checkpointer:
         return RestoredState(int(meta["step"]), int(meta["policy_version"]), key, dict(meta["cursor"]))
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        with self._saving(f"step {self._started}"):
+            self.manager.wait_until_finished()
+
+    @contextmanager
+    def _saving(self, which: str) -> Iterator[None]:
+        """Names the directory and the step in a save's failure: Orbax raises the storage client's bare
+        error (a connection refused, with no path)."""
+        try:
+            yield
+        except Exception as exc:
+            raise CheckpointSaveError(
+                f"{self.directory}: the checkpoint of {which} did not finish ({type(exc).__name__}: {exc}); "
+                "a resumed run restores the last finished checkpoint"
+            ) from exc
 
     def close(self) -> None:
         self.manager.close()

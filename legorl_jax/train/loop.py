@@ -191,6 +191,8 @@ class Trainer:
         self.config = config
         self.inputs = inputs
         self.run_dir = run_directory(config)
+        # A gs:// URL stays a string: a Path would turn it into a local `gs:/...` directory.
+        self.checkpoint_dir: str | Path = config.learner.checkpoint.directory or self.run_dir / "checkpoints"
         self.progress = config.logging.progress if progress is None else progress
         self.version = 0
         self.step = 0
@@ -293,7 +295,7 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         model_dir = await self._model_dir(group)
         learner = await self.worker.run(self._build_learner, model_dir)
-        checkpoints = Checkpointer(self.run_dir / "checkpoints", cfg.learner.checkpoint)
+        checkpoints = Checkpointer(self.checkpoint_dir, cfg.learner.checkpoint)
         rng = jax.random.key(cfg.seed)
         restored = checkpoints.restore_latest(learner)
         cursor: dict = {}

@@ -1,9 +1,10 @@
 """Fixtures of the weight-publishing tests: one tiny HF checkpoint (with the
-demo tokenizer) per session, its policy, and a bitwise parameter comparison."""
+demo tokenizer) per session, its policy, a bitwise parameter comparison, and a
+GCS emulator (`emulated_gcs.py`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,8 @@ from flax import nnx
 
 from legorl_jax.models import CausalLM, from_hf
 from legorl_jax.models.demo_assets import build_tiny_hf_model
+
+from .emulated_gcs import Emulator, point_at
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +50,15 @@ def assert_loads_identical() -> Callable[..., None]:
         assert not differing, f"parameters differ: {differing[:5]}"
 
     return check
+
+
+@pytest.fixture
+def emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[Emulator]:
+    """A running emulator the environment points tensorstore's gcs driver and gcsfs at."""
+    emu = Emulator()
+    emu.start()
+    point_at(emu, monkeypatch)
+    try:
+        yield emu
+    finally:
+        emu.stop()

@@ -2,25 +2,14 @@
 loopback port): the learner's DirectoryPublisher writes through tensorstore's gcs driver, and a rollout
 server's UpdateWeights downloads through it, both with their default tensorstore context, pointed at the
 emulator by the environment alone (`TENSORSTORE_GCS_HTTP_URL`; `GOOGLE_AUTH_TOKEN_FOR_TESTING` stands in for
-credentials).
-
-Orbax checkpoints on `gs://` are not tested here, for two reasons. Orbax writes arrays through tensorstore
-(reachable as above) but creates, lists and commits the checkpoint directory through etils.epath, whose
-`gs://` backend is gcsfs (or TensorFlow), not a dependency of this project; with gcsfs added it does reach the
-emulator (`STORAGE_EMULATOR_HOST`; a save and restore passed that way, outside this suite). And the project's
-Checkpointer takes a local directory, `<run dir>/checkpoints` resolved as a `pathlib.Path`, which cannot
-hold a URL: checkpoints go to a file system every host mounts (Filestore, GCS FUSE; docs/scale-out.md).
+credentials). Orbax checkpoints on `gs://` are `test_gcs_checkpoints.py`'s, with the same emulator.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,59 +25,11 @@ from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.weight_host import start
 
+from .emulated_gcs import BUCKET, FAST_FAILING, Emulator, point_at
+
 pytestmark = pytest.mark.gcs
 
-BUCKET = "legorl-test"
 SMALL_SHARDS = 16 * 2**10  # several shard files for the tiny model
-# A dead emulator fails a request at once; tensorstore's default retries would back off for minutes.
-FAST_FAILING = {"gcs_request_retries": {"max_retries": 2, "initial_delay": "10ms", "max_delay": "50ms"}}
-
-
-class Emulator:
-    """One gcp-storage-emulator subprocess serving `BUCKET` on a free loopback port (in memory, or in
-    `data_dir`, which outlives a restart)."""
-
-    def __init__(self, data_dir: Path | None = None) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._args = [sys.executable, str(Path(__file__).with_name("gcs_emulator.py")), str(self.port), BUCKET]
-        self._args += [str(data_dir)] if data_dir else []
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self._args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(self.url, timeout=1) as reply:  # the emulator's health check
-                    if reply.read() == b"OK":
-                        return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the GCS emulator did not come up on {self.url}") from None
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-
-@pytest.fixture
-def emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[Emulator]:
-    """A running emulator the environment points tensorstore's gcs driver at."""
-    emu = Emulator()
-    emu.start()
-    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", emu.url)
-    monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
-    try:
-        yield emu
-    finally:
-        emu.stop()
 
 
 def keys(url: str) -> set[str]:
@@ -176,8 +117,7 @@ def test_torn_upload_is_never_served(tmp_path: Path, emulator: Emulator, model: 
 def test_storage_gone_mid_publish(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: CausalLM) -> None:
     emu = Emulator(tmp_path / "bucket-data")  # on disk: what was uploaded outlives the restart
     emu.start()
-    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", emu.url)
-    monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+    point_at(emu, monkeypatch)
     try:
         url = f"gs://{BUCKET}/gone"
         publisher = DirectoryPublisher(url, max_shard_bytes=SMALL_SHARDS, context=ts.Context(FAST_FAILING))
