@@ -29,12 +29,14 @@ from legorl_jax.train.rollout_log import ROLLOUTS_FILE, RolloutLog
 from protos.legorl.v1 import rollout_pb2 as pb
 
 MANIFEST_FILE = "collect.json"
+# The ends a rollout server has its verifier grade (the policy's own doing: done, out of time, out of budget).
+GRADED = frozenset({pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED})
 
 
 @dataclasses.dataclass(frozen=True)
 class Keep:
-    """Which episodes are written. Only graded ones (a reward) are ever kept:
-    an episode the engine, sandbox or harness broke teaches nothing."""
+    """Which episodes are written. Only graded ones (a reward, on an end in GRADED)
+    are ever kept: an episode the engine, sandbox or harness broke teaches nothing."""
 
     passing_only: bool = False
     min_reward: float | None = None
@@ -45,7 +47,7 @@ class Keep:
             raise ValueError(f"the per-task cap must be at least 1, got {self.per_task}")
 
     def admits(self, trajectory: pb.Trajectory) -> bool:
-        if not trajectory.HasField("reward") or trajectory.status != pb.TRIAL_STATUS_OK:
+        if not trajectory.HasField("reward") or trajectory.status not in GRADED:
             return False
         if self.passing_only and trajectory.reward < PASS_THRESHOLD:
             return False

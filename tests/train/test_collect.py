@@ -35,12 +35,15 @@ def test_the_filters_keep_graded_episodes_by_reward_and_cap_each_task_best_first
         _trial("b", None),  # ungraded
         _trial("b", 1.0, pb.TRIAL_STATUS_ENGINE_ERROR),  # a reward on a broken trial is never kept
         _trial("c", 1.0),
+        _trial("c", 0.0, pb.TRIAL_STATUS_CAP_EXCEEDED),  # graded: out of budget is the policy's doing
+        _trial("c", 1.0, pb.TRIAL_STATUS_HARNESS_ERROR),
     ]
     rewards = lambda kept: [(t.task_id, t.reward) for t in kept]  # noqa: E731
-    assert rewards(Keep().select(trials)) == [("a", 0.0), ("a", 1.0), ("a", 0.5), ("b", 1.0), ("c", 1.0)]
+    assert rewards(Keep().select(trials)) == [("a", 0.0), ("a", 1.0), ("a", 0.5), ("b", 1.0), ("c", 1.0), ("c", 0.0)]
     assert rewards(Keep(passing_only=True).select(trials)) == [("a", 1.0), ("b", 1.0), ("c", 1.0)]
     assert rewards(Keep(min_reward=0.5).select(trials)) == [("a", 1.0), ("a", 0.5), ("b", 1.0), ("c", 1.0)]
-    assert rewards(Keep(per_task=2).select(trials)) == [("a", 1.0), ("a", 0.5), ("b", 1.0), ("c", 1.0)]
+    assert rewards(Keep(per_task=2).select(trials)) == [("a", 1.0), ("a", 0.5), ("b", 1.0), ("c", 1.0), ("c", 0.0)]
+    assert rewards(Keep(per_task=1).select(trials)) == [("a", 1.0), ("b", 1.0), ("c", 1.0)]
     with pytest.raises(ValueError, match="at least 1"):
         Keep(per_task=0)
 
@@ -76,7 +79,8 @@ def test_collect_from_an_engine_url_writes_a_rollouts_directory_the_viewer_reads
     assert "[collect] 4/4 trials" in done.stderr  # progress, group by group
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     # No filter: every graded episode (a random teacher passes none, but is graded).
-    assert len(records) == manifest["kept"] == manifest["statuses"].get("ok", 0) > 0
+    graded = sum(manifest["statuses"].get(s, 0) for s in ("ok", "timeout", "cap_exceeded"))
+    assert len(records) == manifest["kept"] == graded > 0
     for record in records:
         assert record["kind"] == "collect" and record["reward"] is not None and record["task"] in TASKS
         for seq in record["sequences"]:
