@@ -48,7 +48,6 @@ import pstats
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -66,6 +65,7 @@ import grpc  # noqa: E402
 from legorl_jax.fleet import Fleet, GroupResult, GroupSpec  # noqa: E402
 from protos.legorl.v1 import rollout_pb2 as pb  # noqa: E402
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc  # noqa: E402
+from rollout_server.backends.vllm import free_port  # noqa: E402
 
 HASHFLIP = REPO / "tests" / "loop" / "hashflip"
 SLOW_TASK = "hashflip-slow"
@@ -73,13 +73,6 @@ FAULTS = ("kill", "stop", "slow_verifier")
 
 
 # ------------------------------------------------------------------ hosts --
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def make_tasks(root: Path, slow_verifier_s: float) -> Path:
@@ -104,7 +97,7 @@ def make_model(root: Path) -> Path:
 
 def start_engine(model_dir: Path, log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     """The scripted engine in its own process (its CPU is not the learner side's); returns it and its URL."""
-    port = _free_port()
+    port = free_port("127.0.0.1")
     log = (log_dir / "engine.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve-engine", str(model_dir), "--engine-port", str(port)],
@@ -175,7 +168,7 @@ class Host:
 def start_hosts(count: int, argv_for: Any, log_dir: Path) -> list[Host]:
     hosts = []
     for i in range(count):
-        address = f"127.0.0.1:{_free_port()}"
+        address = f"127.0.0.1:{free_port('127.0.0.1')}"
         log = (log_dir / f"host{i}.log").open("wb")
         proc = subprocess.Popen(argv_for(address), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         hosts.append(Host(address, proc))

@@ -38,12 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from legorl_jax.core.config import ConfigError
     from legorl_jax.fleet import configured_fleet
-    from legorl_jax.train.collect import Keep, collect
-    from legorl_jax.train.rollout_log import ROLLOUTS_FILE
+    from legorl_jax.train.collect import Keep, collect, refuse_existing
     from legorl_jax.wiring import local_server, task_ids
 
-    if (Path(args.out) / ROLLOUTS_FILE).exists():  # before any engine starts
-        raise ConfigError(f"--out: {Path(args.out) / ROLLOUTS_FILE} exists: collect into a new directory")
+    try:
+        refuse_existing(Path(args.out))  # before any engine starts
+    except FileExistsError as exc:
+        raise ConfigError(f"--out: {exc}") from None
 
     overrides = [*args.overrides, f"model.path={args.model}"]
     if args.engine_url:

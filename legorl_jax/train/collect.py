@@ -33,6 +33,16 @@ MANIFEST_FILE = "collect.json"
 GRADED = frozenset({pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED})
 
 
+def passed(trajectory: pb.Trajectory) -> bool:
+    return trajectory.HasField("reward") and trajectory.reward >= PASS_THRESHOLD
+
+
+def refuse_existing(out_dir: Path) -> None:
+    """Nothing collected is ever written over: a directory that has episodes is refused."""
+    if (Path(out_dir) / ROLLOUTS_FILE).exists():
+        raise FileExistsError(f"{Path(out_dir) / ROLLOUTS_FILE} exists: collect into a new directory")
+
+
 @dataclasses.dataclass(frozen=True)
 class Keep:
     """Which episodes are written. Only graded ones (a reward, on an end in GRADED)
@@ -49,7 +59,7 @@ class Keep:
     def admits(self, trajectory: pb.Trajectory) -> bool:
         if not trajectory.HasField("reward") or trajectory.status not in GRADED:
             return False
-        if self.passing_only and trajectory.reward < PASS_THRESHOLD:
+        if self.passing_only and not passed(trajectory):
             return False
         return self.min_reward is None or trajectory.reward >= self.min_reward
 
@@ -83,8 +93,7 @@ async def collect(
     kept ones to `out_dir/rollouts.jsonl` (step 0, kind "collect") with the
     manifest beside them, and returns the manifest."""
     out_dir = Path(out_dir)
-    if (out_dir / ROLLOUTS_FILE).exists():
-        raise FileExistsError(f"{out_dir / ROLLOUTS_FILE} exists: collect into a new directory")
+    refuse_existing(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     specs = [
         group_spec(config, task, choice, samples, policy_version=0, step=0,
@@ -95,10 +104,10 @@ async def collect(
     trajectories: list[pb.Trajectory] = []
     async for group in fleet.rollout(specs):
         trajectories.extend(group.trajectories)
-        passed = sum(t.HasField("reward") and t.reward >= PASS_THRESHOLD for t in group.trajectories)
         print(
             f"[collect] {len(trajectories)}/{len(specs) * samples} trials: "
-            f"{group.trajectories[0].task_id if group.trajectories else '?'} passed {passed}/{len(group.trajectories)}",
+            f"{group.trajectories[0].task_id if group.trajectories else '?'} "
+            f"passed {sum(map(passed, group.trajectories))}/{len(group.trajectories)}",
             file=progress,
             flush=True,
         )
@@ -115,7 +124,7 @@ async def collect(
         "filter": dataclasses.asdict(keep),
         "trials": len(trajectories),
         "statuses": dict(sorted(statuses.items())),
-        "passed": sum(t.HasField("reward") and t.reward >= PASS_THRESHOLD for t in trajectories),
+        "passed": sum(map(passed, trajectories)),
         "kept": len(kept),
     }
     (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
