@@ -68,12 +68,16 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         name = f"legorl {args.command}"
         from legorl_jax.core.config import ConfigError
+        from legorl_jax.core.errors import InputError
 
         try:
             return int(importlib.import_module(args._module).run(args) or 0)
         except ConfigError as exc:
             print(f"{name}: {exc}", file=sys.stderr)
             return 2
+        except InputError as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            return 1
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
