@@ -25,12 +25,13 @@ from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import Fleet
 from legorl_jax.train.groups import HarnessChoice, group_spec
 from legorl_jax.train.harness_metrics import PASS_THRESHOLD
-from legorl_jax.train.rollout_log import ROLLOUTS_FILE, RolloutLog
+from legorl_jax.train.rollout_log import ROLLOUTS_FILE, RolloutLog, status_name
 from protos.legorl.v1 import rollout_pb2 as pb
 
 MANIFEST_FILE = "collect.json"
 # The ends a rollout server has its verifier grade (the policy's own doing: done, out of time, out of budget).
 GRADED = frozenset({pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED})
+GRADED_NAMES = frozenset(map(status_name, GRADED))  # as a rollouts directory writes them
 
 
 def passed(trajectory: pb.Trajectory) -> bool:
@@ -57,11 +58,16 @@ class Keep:
             raise ValueError(f"the per-task cap must be at least 1, got {self.per_task}")
 
     def admits(self, trajectory: pb.Trajectory) -> bool:
-        if not trajectory.HasField("reward") or trajectory.status not in GRADED:
+        reward = trajectory.reward if trajectory.HasField("reward") else None
+        return self.admits_outcome(status_name(trajectory.status), reward)
+
+    def admits_outcome(self, status: str, reward: float | None) -> bool:
+        """`admits` on a trajectory's outcome as `rollouts.jsonl` records it (status name, reward or None)."""
+        if reward is None or status not in GRADED_NAMES:
             return False
-        if self.passing_only and not passed(trajectory):
+        if self.passing_only and reward < PASS_THRESHOLD:
             return False
-        return self.min_reward is None or trajectory.reward >= self.min_reward
+        return self.min_reward is None or reward >= self.min_reward
 
     def select(self, trajectories: Sequence[pb.Trajectory]) -> list[pb.Trajectory]:
         """The admitted episodes, capped per task (highest reward first, then run order)."""
@@ -114,7 +120,7 @@ async def collect(
     kept = keep.select(trajectories)
     log = RolloutLog(out_dir, tokenizer_dir, resume_step=0)
     await asyncio.to_thread(log.write, 0, "collect", kept)
-    statuses = Counter(pb.TrialStatus.Name(t.status).removeprefix("TRIAL_STATUS_").lower() for t in trajectories)
+    statuses = Counter(status_name(t.status) for t in trajectories)
     manifest = {
         "source": source,
         "tokenizer": str(tokenizer_dir),
