@@ -175,3 +175,12 @@ def test_the_command_names_a_bad_field_and_a_missing_directory(
     with pytest.raises(SystemExit):
         cli.main(["sft", "--help"])
     assert "--passing-only" in capsys.readouterr().out
+
+
+def test_lora_sft_trains_the_adapters_and_writes_them_merged(tmp_path: Path, model_dir: Path, rollouts: Path) -> None:
+    config = _config(tmp_path, model_dir, "sft.epochs=2", "model.lora={rank: 8, alpha: 16}")
+    out, data = run_sft(config, _inputs(model_dir), [rollouts], Keep(passing_only=True), progress=False)
+    assert (tmp_path / "sft" / "checkpoints" / "6").is_dir()
+    before, after = _nll(model_dir, data.sequences), _nll(out, data.sequences)
+    print(f"LoRA sft: NLL {before:.3f} -> {after:.3f}")
+    assert after < before  # a plain HF directory: the adapters merged into the weights
