@@ -33,7 +33,7 @@ from legorl_jax.train.evaluate import evaluate
 from legorl_jax.train.groups import harness_choice
 from legorl_jax.train.loop import RunInputs, policy_model, progress_bar, run_directory
 from legorl_jax.train.rollout_log import RolloutLog
-from legorl_jax.train.run_log import RunLog
+from legorl_jax.train.run_log import RunLog, read_metrics
 from legorl_jax.train.sft_data import SFTEpisodes, read_sft_data
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
@@ -93,9 +93,19 @@ async def _held_out(config: Config, inputs: RunInputs, model_dir: Path, step: in
     choices = [harness_choice(h) for h in config.harness_mix.harnesses]
     async with configured_fleet(config.fleet.model_copy(update={"servers": []}), inputs.local_server, model_dir) as f:
         metrics = await evaluate(
-            f, config, inputs.task_ids("eval"), choices, policy_version=step, step=step, rollouts=rollouts
+            f, config, inputs.task_ids("eval"), choices, policy_version=0, step=step, rollouts=rollouts
         )
     return {"step": step, "kind": "eval", **metrics}
+
+
+def _finished(run_dir: Path, steps: int, evaluating: bool) -> bool:
+    """Whether a run reached its last step, wrote its model (`to_hf` writes config.json last)
+    and, when it evaluates, recorded the final evaluation (the last thing it does)."""
+    if not (run_dir / MODEL_DIR / "config.json").is_file():
+        return False
+    records = read_metrics(run_dir)
+    trained = max((r["step"] for r in records if r.get("kind") == "train"), default=0) >= steps
+    return trained and (not evaluating or any(r.get("kind") == "eval" and r["step"] == steps for r in records))
 
 
 def run_sft(
@@ -117,13 +127,13 @@ def run_sft(
     if restored is not None:
         log.info("resumed from the checkpoint at step %d", restored.step)
     out = run_dir / MODEL_DIR
-    if restored is not None and restored.step == steps and (out / "config.json").is_file():
+    evaluating = config.sft.evaluate and bool(inputs.task_ids("eval"))
+    if restored is not None and _finished(run_dir, steps, evaluating):
         checkpoints.close()
         log.info("already fine-tuned: %s", out)
         return out, data
     kept = -1 if restored is None else restored.step  # without a checkpoint nothing earlier counts
     runlog = RunLog(run_dir, resume_step=kept, tensorboard=config.logging.tensorboard, columns=COLUMNS)
-    evaluating = config.sft.evaluate and bool(inputs.task_ids("eval"))
     # The evaluations' trajectories, as a training run keeps them.
     rollouts = (
         RolloutLog(run_dir, model_dir, resume_step=kept, tokens=config.logging.rollout_tokens) if evaluating else None
