@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from legorl_jax.train.run_log import read_metrics
 from legorl_jax.train.sft import run_sft, sft_learner, sft_rl
 from legorl_jax.train.sft_data import read_sft_data
 from protos.legorl.v1 import rollout_pb2 as pb
+from rollout_server.tasks import DEMO_TASKS_DIR
 
 PROMPT, ANSWER, TAIL = 6, 8, 4  # a prompt, the sampled answer (the loss mask), a tool result after it
 
@@ -184,3 +187,48 @@ def test_lora_sft_trains_the_adapters_and_writes_them_merged(tmp_path: Path, mod
     before, after = _nll(model_dir, data.sequences), _nll(out, data.sequences)
     print(f"LoRA sft: NLL {before:.3f} -> {after:.3f}")
     assert after < before  # a plain HF directory: the adapters merged into the weights
+
+
+def _legorl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "legorl_jax.cli", *args], capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_collect_then_sft_with_held_out_evaluation_then_train_from_its_model(tmp_path: Path) -> None:
+    """The whole path on real lego episodes: a tiny teacher's, fine-tuned on with the held-out
+    evaluations at start and end, and `legorl train` one step from the model it wrote."""
+    model = build_tiny_hf_model(tmp_path / "teacher", seed=0, max_position_embeddings=8192)
+    tasks = [str(DEMO_TASKS_DIR / t) for t in ("edit-config", "count-errors")]
+    common = [
+        "--config", "configs/demo.yaml", "--set", "tasks.demo=false", "--set", f"tasks.eval=[{tasks[1]}]",
+        "--set", "harness_mix.harnesses=[{name: lego}]", "--set", "rl.sampling.max_tokens=24",
+        "--set", f"logging.run_dir={tmp_path / 'runs'}", "--no-progress",
+    ]  # fmt: skip
+    collected = _legorl(
+        "collect", "--model", str(model), "--out", str(tmp_path / "episodes"), "--tasks", *tasks, "--samples", "2",
+        *common[:-1],
+    )  # fmt: skip
+    assert collected.returncode == 0, collected.stderr[-3000:]
+    sft = _legorl(
+        "sft", "--rollouts", str(tmp_path / "episodes"), *common, "--set", f"model.path={model}",
+        "--set", "logging.run_name=sft", "--set", "sft.batch_size=2",
+    )  # fmt: skip
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    out = tmp_path / "runs" / "sft" / "model"
+    records = read_metrics(tmp_path / "runs" / "sft")
+    assert [(r["step"], r["kind"]) for r in records] == [
+        (0, "data"),
+        (0, "eval"),
+        (1, "train"),
+        (2, "train"),
+        (2, "eval"),
+    ]
+    assert records[1]["eval_harness/lego/trials"] == 1 and f"model.path={out}" in sft.stdout
+    trained = _legorl(
+        "train", *common, "--set", f"model.path={out}", "--set", "logging.run_name=rl", "--set", "total_steps=1",
+        "--set", f"tasks.train=[{tasks[0]}]", "--set", "rl.group_size=2", "--set", "rl.groups_per_step=1",
+        "--set", "rl.dynamic_sampling=false",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "runs" / "rl") if r["kind"] == "train"] == [1]
