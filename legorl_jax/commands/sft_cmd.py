@@ -20,8 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rollouts directories (`legorl collect --out`, or `legorl train` run directories): their episodes' "
         "sampled tokens are the targets, in the model's tokenizer",
     )
-    parser.add_argument("--passing-only", action="store_true", help="train only on episodes that passed")
-    parser.add_argument("--min-reward", type=float, default=None, help="train only on episodes with this reward")
+    parser.add_argument(
+        "--passing-only", action="store_true", help="train only on episodes that passed (only graded ones ever)"
+    )
+    parser.add_argument(
+        "--min-reward", type=float, default=None, help="train only on episodes with at least this reward"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (the table only)")
     add_config_arguments(parser, demo_default=True)
     parser.epilog = (

@@ -6,6 +6,7 @@ masks), at temperature 1, with no KL, MIS or advantage. So the packing into
 buckets, shared prompt prefixes as tree rows, fitted micro-batches, sharding,
 LoRA and Orbax checkpoints are `legorl train`'s own. The run directory is laid
 out like a training run's (`config.yaml`, `metrics.jsonl`, TensorBoard,
+`sft.json`: the rollouts directories, the filter and what was kept of them,
 `checkpoints/`, `rollouts.jsonl` of the held-out evaluations); running the
 same command again resumes from the last checkpoint. At the end the policy is
 written as an HF directory, `model/` (adapters merged, the starting model's
@@ -15,6 +16,8 @@ tokenizer), a `model.path` for `legorl train`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import math
 import time
@@ -23,7 +26,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from legorl_jax.core.config import Config, LearnerConfig, RLConfig, SupervisedConfig, dump_config
+from legorl_jax.core.config import Config, ConfigError, LearnerConfig, RLConfig, SupervisedConfig, dump_config
 from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import configured_fleet
 from legorl_jax.models import read_hf_config, to_hf
@@ -33,7 +36,7 @@ from legorl_jax.train.evaluate import evaluate
 from legorl_jax.train.groups import harness_choice
 from legorl_jax.train.loop import RunInputs, policy_model, progress_bar, run_directory
 from legorl_jax.train.rollout_log import RolloutLog
-from legorl_jax.train.run_log import RunLog, read_metrics
+from legorl_jax.train.run_log import METRICS_FILE, RunLog, read_metrics
 from legorl_jax.train.sft_data import SFTEpisodes, read_sft_data
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
@@ -41,6 +44,7 @@ from legorl_jax.train.step import Learner
 log = logging.getLogger(__name__)
 
 MODEL_DIR = "model"  # the fine-tuned HF directory inside the run directory
+MANIFEST_FILE = "sft.json"
 COLUMNS = [
     ("step", "step", "{:>5.0f}"),
     ("epoch", "sft/epoch", "{:>6.2f}"),
@@ -114,11 +118,16 @@ def run_sft(
     """Fine-tunes the config's model on the kept episodes of `directories`; returns the
     fine-tuned HF directory and what was trained on."""
     run_dir = run_directory(config)
+    if (run_dir / METRICS_FILE).exists() and not (run_dir / MANIFEST_FILE).exists():
+        # Its checkpoints would be taken for this run's (the demo config names `legorl train`'s run "demo").
+        raise ConfigError(f"logging.run_name: {run_dir} holds a run that is not an SFT run; name another")
     model_dir = inputs.model_dir()
     data = read_sft_data(directories, keep, int(read_hf_config(model_dir)["vocab_size"]))
     steps = sft_steps(config.sft, len(data.sequences))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(config))
+    source = {"rollouts": [str(d) for d in directories], "filter": dataclasses.asdict(keep), "steps": steps}
+    (run_dir / MANIFEST_FILE).write_text(json.dumps({**source, **data.summary()}, indent=2) + "\n")
     learner = _build_learner(config, model_dir, steps)
     checkpoint_dir = config.learner.checkpoint.directory or run_dir / "checkpoints"
     checkpoints = Checkpointer(checkpoint_dir, config.learner.checkpoint)
@@ -140,10 +149,8 @@ def run_sft(
     )
     bar = progress_bar(steps, learner.step, progress, desc="sft")
     try:
-        if restored is None:
-            runlog.write({"step": 0, "kind": "data", **data.summary()})
-            if evaluating:
-                runlog.write(asyncio.run(_held_out(config, inputs, model_dir, 0, rollouts)))
+        if restored is None and evaluating:
+            runlog.write(asyncio.run(_held_out(config, inputs, model_dir, 0, rollouts)))
         while learner.step < steps:
             rows = step_rows(len(data.sequences), config.sft.batch_size, learner.step + 1, config.seed)
             started = time.monotonic()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,8 @@ def test_sft_lowers_the_loss_and_writes_a_model_legorl_train_starts_from(
     config = _config(tmp_path, model_dir, "sft.epochs=4")
     out, data = run_sft(config, _inputs(model_dir), [rollouts], Keep(passing_only=True), progress=False)
     assert len(data.sequences) == 12 and data.kept == 12 and data.episodes == 16
+    manifest = json.loads((tmp_path / "sft" / "sft.json").read_text())
+    assert manifest["steps"] == 12 and manifest["sft/sequences"] == 12 and manifest["filter"]["passing_only"]
     train = [r for r in read_metrics(tmp_path / "sft") if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 13))  # 4 epochs of 3 steps
     assert all(r["batch/loss_tokens"] == 4 * ANSWER for r in train)
@@ -165,6 +168,10 @@ def test_bad_inputs_are_named(tmp_path: Path, model_dir: Path, rollouts: Path) -
     with pytest.raises(ConfigError, match=r"sft\.epoch"):
         _config(tmp_path, model_dir, "sft.epoch=2")
     assert not (tmp_path / "sft").exists()  # refused before anything was written
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "metrics.jsonl").write_text("")  # a `legorl train` run's directory
+    with pytest.raises(ConfigError, match="logging.run_name: .* not an SFT run"):
+        run_sft(_config(tmp_path, model_dir, "logging.run_name=rl"), inputs, [rollouts], Keep(), progress=False)
 
 
 def test_the_command_names_a_bad_field_and_a_missing_directory(
@@ -218,13 +225,12 @@ def test_collect_then_sft_with_held_out_evaluation_then_train_from_its_model(tmp
     out = tmp_path / "runs" / "sft" / "model"
     records = read_metrics(tmp_path / "runs" / "sft")
     assert [(r["step"], r["kind"]) for r in records] == [
-        (0, "data"),
         (0, "eval"),
         (1, "train"),
         (2, "train"),
         (2, "eval"),
     ]
-    assert records[1]["eval_harness/lego/trials"] == 1 and f"model.path={out}" in sft.stdout
+    assert records[0]["eval_harness/lego/trials"] == 1 and f"model.path={out}" in sft.stdout
     trained = _legorl(
         "train", *common, "--set", f"model.path={out}", "--set", "logging.run_name=rl", "--set", "total_steps=1",
         "--set", f"tasks.train=[{tasks[0]}]", "--set", "rl.group_size=2", "--set", "rl.groups_per_step=1",
