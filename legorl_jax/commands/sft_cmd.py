@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from legorl_jax.train.collect import Keep
+    from legorl_jax.train.loop import run_directory
     from legorl_jax.train.sft import run_sft
     from legorl_jax.wiring import run_inputs
 
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("legorl_jax").setLevel(logging.INFO)
     progress = config.logging.progress and not args.no_progress
     keep = Keep(passing_only=args.passing_only, min_reward=args.min_reward)
+    print(f"legorl sft: run directory {run_directory(config)}", flush=True)
     out, data = run_sft(config, run_inputs(config, progress=progress), [Path(d) for d in args.rollouts], keep,
                         progress=progress)  # fmt: skip
     print(json.dumps({"model": str(out), **data.summary()}, indent=2))
