@@ -37,7 +37,7 @@ from legorl_jax.train.groups import harness_choice
 from legorl_jax.train.loop import RunInputs, policy_model, progress_bar, run_directory
 from legorl_jax.train.rollout_log import RolloutLog
 from legorl_jax.train.run_log import METRICS_FILE, RunLog, read_metrics
-from legorl_jax.train.sft_data import SFTEpisodes, read_sft_data
+from legorl_jax.train.sft_data import SFTEpisodes, check_tokenizer, read_sft_data
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
 
@@ -122,6 +122,8 @@ def run_sft(
         # Its checkpoints would be taken for this run's (the demo config names `legorl train`'s run "demo").
         raise ConfigError(f"logging.run_name: {run_dir} holds a run that is not an SFT run; name another")
     model_dir = inputs.model_dir()
+    for directory in directories:
+        check_tokenizer(directory, model_dir)
     data = read_sft_data(directories, keep, int(read_hf_config(model_dir)["vocab_size"]))
     steps = sft_steps(config.sft, len(data.sequences))
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ results or template tokens. Episodes are kept as `legorl collect` keeps them
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 
 from legorl_jax.core.config import ConfigError
 from legorl_jax.rl.batching import TrainSequence
-from legorl_jax.train.collect import Keep
+from legorl_jax.train.collect import MANIFEST_FILE, Keep
 from legorl_jax.train.rollout_log import ROLLOUTS_FILE
 from legorl_jax.train.run_log import read_jsonl
 
@@ -51,6 +52,21 @@ def train_sequence(record: dict[str, Any]) -> TrainSequence | None:
         mask[start:end] = True
     # No behaviour logprobs or advantage: the nll loss reads neither.
     return TrainSequence(np.asarray(ids, np.int32), mask, np.zeros(len(ids), np.float32), advantage=1.0)
+
+
+def check_tokenizer(directory: Path, model_dir: Path) -> None:
+    """Refuses a collected directory whose ids are in another tokenizer than the model's: `collect.json`
+    names the tokenizer; its `tokenizer.json` must be the model's (when both are still there to compare)."""
+    manifest = Path(directory) / MANIFEST_FILE
+    if not manifest.is_file():
+        return
+    theirs = Path(json.loads(manifest.read_text()).get("tokenizer") or "") / "tokenizer.json"
+    ours = Path(model_dir) / "tokenizer.json"
+    if theirs.is_file() and ours.is_file() and theirs.read_bytes() != ours.read_bytes():
+        raise ConfigError(
+            f"--rollouts: {directory}'s token ids are in the tokenizer of {theirs.parent}, not of the model "
+            f"({model_dir}): fine-tune a model with that tokenizer"
+        )
 
 
 def read_sft_data(directories: list[Path], keep: Keep, vocab_size: int) -> SFTEpisodes:

@@ -54,7 +54,9 @@ def _rollouts(directory: Path, model_dir: Path, trajectories: list[pb.Trajectory
 def rollouts(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
     rng = np.random.default_rng(0)
     episodes = [_episode(rng, 1.0) for _ in range(12)] + [_episode(rng, 0.0) for _ in range(4)]
-    return _rollouts(tmp_path_factory.mktemp("collect") / "rollouts", model_dir, episodes)
+    directory = _rollouts(tmp_path_factory.mktemp("collect") / "rollouts", model_dir, episodes)
+    (directory / "collect.json").write_text(json.dumps({"tokenizer": str(model_dir)}))  # the model's own
+    return directory
 
 
 def _config(tmp_path: Path, model_dir: Path, *overrides: str) -> Config:
@@ -165,6 +167,12 @@ def test_bad_inputs_are_named(tmp_path: Path, model_dir: Path, rollouts: Path) -
         run_sft(config, inputs, [rollouts], Keep(min_reward=2.0), progress=False)
     with pytest.raises(ConfigError, match="outside the model's vocabulary"):
         read_sft_data([rollouts], Keep(), 100)
+    foreign = _rollouts(tmp_path / "foreign", model_dir, [_episode(rng, 1.0)])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "tokenizer.json").write_text("{}")
+    (foreign / "collect.json").write_text(json.dumps({"tokenizer": str(tmp_path / "other")}))
+    with pytest.raises(ConfigError, match="token ids are in the tokenizer of"):
+        run_sft(config, inputs, [foreign], Keep(), progress=False)
     with pytest.raises(ConfigError, match=r"sft\.epoch"):
         _config(tmp_path, model_dir, "sft.epoch=2")
     assert not (tmp_path / "sft").exists()  # refused before anything was written
