@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 METRICS_FILE = "metrics.jsonl"
+SFT_RUN_FILE = "sft.json"  # what marks a `legorl sft` run directory (its rollouts, filter and counts)
+SFT_MODEL_DIR = "model"  # the fine-tuned HF directory inside a `legorl sft` run directory
 RUN_TIME_KEY = "time/run_s"
 
 # (header, metric key, format) of the console table.

@@ -36,15 +36,13 @@ from legorl_jax.train.evaluate import evaluate
 from legorl_jax.train.groups import harness_choice
 from legorl_jax.train.loop import RunInputs, policy_model, progress_bar, run_directory
 from legorl_jax.train.rollout_log import RolloutLog
-from legorl_jax.train.run_log import METRICS_FILE, RunLog, read_metrics
+from legorl_jax.train.run_log import METRICS_FILE, SFT_MODEL_DIR, SFT_RUN_FILE, RunLog, read_metrics
 from legorl_jax.train.sft_data import SFTEpisodes, check_tokenizer, read_sft_data
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
 
 log = logging.getLogger(__name__)
 
-MODEL_DIR = "model"  # the fine-tuned HF directory inside the run directory
-MANIFEST_FILE = "sft.json"
 COLUMNS = [
     ("step", "step", "{:>5.0f}"),
     ("epoch", "sft/epoch", "{:>6.2f}"),
@@ -105,7 +103,7 @@ async def _held_out(config: Config, inputs: RunInputs, model_dir: Path, step: in
 def _finished(run_dir: Path, steps: int, evaluating: bool) -> bool:
     """Whether a run reached its last step, wrote its model (`to_hf` writes config.json last)
     and, when it evaluates, recorded the final evaluation (the last thing it does)."""
-    if not (run_dir / MODEL_DIR / "config.json").is_file():
+    if not (run_dir / SFT_MODEL_DIR / "config.json").is_file():
         return False
     records = read_metrics(run_dir)
     trained = max((r["step"] for r in records if r.get("kind") == "train"), default=0) >= steps
@@ -118,7 +116,7 @@ def run_sft(
     """Fine-tunes the config's model on the kept episodes of `directories`; returns the
     fine-tuned HF directory and what was trained on."""
     run_dir = run_directory(config)
-    if (run_dir / METRICS_FILE).exists() and not (run_dir / MANIFEST_FILE).exists():
+    if (run_dir / METRICS_FILE).exists() and not (run_dir / SFT_RUN_FILE).exists():
         # Its checkpoints would be taken for this run's (the demo config names `legorl train`'s run "demo").
         raise ConfigError(f"logging.run_name: {run_dir} holds a run that is not an SFT run; name another")
     model_dir = inputs.model_dir()
@@ -129,7 +127,7 @@ def run_sft(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(config))
     source = {"rollouts": [str(d) for d in directories], "filter": dataclasses.asdict(keep), "steps": steps}
-    (run_dir / MANIFEST_FILE).write_text(json.dumps({**source, **data.summary()}, indent=2) + "\n")
+    (run_dir / SFT_RUN_FILE).write_text(json.dumps({**source, **data.summary()}, indent=2) + "\n")
     learner = _build_learner(config, model_dir, steps)
     checkpoint_dir = config.learner.checkpoint.directory or run_dir / "checkpoints"
     checkpoints = Checkpointer(checkpoint_dir, config.learner.checkpoint)
@@ -137,7 +135,7 @@ def run_sft(
     rng = jax.random.key(config.seed) if restored is None else restored.rng
     if restored is not None:
         log.info("resumed from the checkpoint at step %d", restored.step)
-    out = run_dir / MODEL_DIR
+    out = run_dir / SFT_MODEL_DIR
     evaluating = config.sft.evaluate and bool(inputs.task_ids("eval"))
     if restored is not None and _finished(run_dir, steps, evaluating):
         checkpoints.close()

@@ -115,6 +115,11 @@ def test_sft_lowers_the_loss_and_writes_a_model_legorl_train_starts_from(
     trainer = Trainer(_config(tmp_path, out, "logging.run_name=rl"), _inputs(out))
     learner = trainer._build_learner(Path(trainer.config.model.path or ""))
     assert learner.step == 0 and learner.rl.loss == "ppo_clip"
+    # `legorl train` never resumes an SFT run's checkpoints as its own, nor trains RL with nll.
+    with pytest.raises(ConfigError, match=r"logging.run_name: .*holds a `legorl sft` run.*model.path=.*sft/model"):
+        Trainer(_config(tmp_path, out), _inputs(out))
+    with pytest.raises(ConfigError, match="rl.loss: nll is legorl sft's loss"):
+        Trainer(_config(tmp_path, out, "logging.run_name=rl", "rl.loss=nll"), _inputs(out))
     # Run again: the last checkpoint and model are there, nothing is trained again.
     run_sft(config, _inputs(model_dir), [rollouts], Keep(passing_only=True), progress=False)
     assert len([r for r in read_metrics(tmp_path / "sft") if r["kind"] == "train"]) == 12
