@@ -6,7 +6,10 @@ supervised fine-tuning takes in.
 Token exactness: the proxy records the ids the engine sampled under the chat
 template of the model directory it was started with, so the episodes are the
 student's tokens only when teacher and student share that tokenizer. The
-directory's `collect.json` says which tokenizer the ids are in.
+directory's `collect.json` says which tokenizer the ids are in. A chat teacher
+(engine.kind openai_chat / anthropic) gives messages: they are recorded as the
+student's template writes them (each sequence's `rerendered`, and the source's
+`tokens`), without logprobs; such episodes are for fine-tuning, not RL.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from legorl_jax.train.rollout_log import ROLLOUTS_FILE, RolloutLog
 from protos.legorl.v1 import rollout_pb2 as pb
 
 MANIFEST_FILE = "collect.json"
+# What collect.json's source says of a chat teacher's episodes.
+RERENDERED = "re-rendered with the student's template"
 # The ends a rollout server has its verifier grade (the policy's own doing: done, out of time, out of budget).
 GRADED = frozenset({pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED})
 

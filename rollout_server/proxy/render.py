@@ -468,8 +468,39 @@ class ChatTemplate:
         later = sorted(i for i in reduced_matched if i > k - shift)
         return self._splice(text, later, reduced_matched, cursor, list(memo.ids), list(memo.spans), shift)
 
+    def written_turn(
+        self,
+        request: ChatRequest,
+        matched: dict[int, SampledTurn],
+        enable_thinking: bool,
+        gen_tail: list[int],
+        output: AssistantOutput,
+    ) -> list[int]:
+        """The ids this model would have sampled to write `output` after the
+        prompt of `request` (rendered with `matched`, ending in `gen_tail`): the
+        conversation with `output` as its last message, cut from the prompt's
+        generation tail up to the turn end, which is included. A reasoning the
+        tail rules out (thinking off: an empty think block) is left out."""
+        message = Message("assistant", output.content, output.reasoning, list(output.tool_calls))
+        tail = self.decode(gen_tail)
+        for reasoning in dict.fromkeys((output.reasoning, None)):
+            message.reasoning = reasoning
+            text = self._text([*request.messages, message], matched, request.tools, enable_thinking, prompt=False)
+            start = text.rfind(self.header)
+            end = text.find(self.turn_end_text, start) if start >= 0 else -1
+            body = text[start + len(self.header) : end]
+            if end >= 0 and body.startswith(tail):
+                return [*self.encode(body[len(tail) :]), self.turn_end_id]
+        raise invalid(f"the chat template does not write an assistant turn after its generation prompt's tail {tail!r}")
+
     def _text(
-        self, messages: list[Message], matched: dict[int, SampledTurn], tools: list[ToolSpec], enable_thinking: bool
+        self,
+        messages: list[Message],
+        matched: dict[int, SampledTurn],
+        tools: list[ToolSpec],
+        enable_thinking: bool,
+        *,
+        prompt: bool = True,
     ) -> str:
         hf_messages = [
             {"role": "assistant", "content": _SENTINEL.format(i)} if i in matched else self._hf_message(m)
@@ -487,7 +518,7 @@ class ChatTemplate:
             for t in tools
         ] or None
         try:
-            return self._apply(hf_messages, hf_tools, True, enable_thinking)
+            return self._apply(hf_messages, hf_tools, prompt, enable_thinking)
         except (TemplateError, ValueError, TypeError) as exc:
             raise invalid(f"the conversation cannot be rendered with the model's chat template: {exc}") from exc
 
