@@ -34,6 +34,7 @@ from protos.legorl.v1 import rollout_pb2 as pb
 MANIFEST_FILE = "collect.json"
 # What collect.json's source says of a chat teacher's episodes.
 RERENDERED = "re-rendered with the student's template"
+_ERRORS_LISTED = 10  # distinct causes of broken trials collect.json names
 # The ends a rollout server has its verifier grade (the policy's own doing: done, out of time, out of budget).
 GRADED = frozenset({pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED})
 
@@ -120,6 +121,8 @@ async def collect(
     log = RolloutLog(out_dir, tokenizer_dir, resume_step=0)
     await asyncio.to_thread(log.write, 0, "collect", kept)
     statuses = Counter(pb.TrialStatus.Name(t.status).removeprefix("TRIAL_STATUS_").lower() for t in trajectories)
+    # Why the ungraded trials broke (a refused key, an engine down): the most common causes, with their counts.
+    errors = Counter(t.error for t in trajectories if t.status not in GRADED and t.error)
     manifest = {
         "source": source,
         "tokenizer": str(tokenizer_dir),
@@ -129,6 +132,7 @@ async def collect(
         "filter": dataclasses.asdict(keep),
         "trials": len(trajectories),
         "statuses": dict(sorted(statuses.items())),
+        "errors": dict(errors.most_common(_ERRORS_LISTED)),
         "passed": sum(map(passed, trajectories)),
         "kept": len(kept),
     }

@@ -59,6 +59,7 @@ class ChatTeacher:
             raise ValueError(f"chat teacher API must be one of {get_args(TeacherApi)}, got {api!r}")
         self.api, self.model = api, model
         self.base_url = base_url.rstrip("/")
+        self.failure: str | None = None  # the last call's failure, None once a call succeeds
         log_redaction.add_secret(api_key)
         key = api_key or _NO_KEY
         # The SDKs' own retries (429s, 5xx, dropped connections, with backoff); a refused key is not retried.
@@ -80,17 +81,20 @@ class ChatTeacher:
     async def answer(self, request: ChatRequest, sampling: CompletionParams) -> TeacherAnswer:
         try:
             if self._openai is not None:
-                return await self._openai_answer(self._openai, request, sampling)
-            assert self._anthropic is not None
-            return await self._anthropic_answer(self._anthropic, request, sampling)
+                answer = await self._openai_answer(self._openai, request, sampling)
+            else:
+                assert self._anthropic is not None
+                answer = await self._anthropic_answer(self._anthropic, request, sampling)
         except (openai.APIError, anthropic.APIError) as exc:
-            raise ProxyError(
-                "engine_unavailable", f"chat teacher ({self.api} at {self.base_url}) failed: {exc}"
-            ) from exc
+            raise self._failed(f"failed: {exc}") from exc
         except (AttributeError, IndexError, TypeError, ValueError) as exc:  # an answer outside the API's shape
-            raise ProxyError(
-                "engine_unavailable", f"chat teacher ({self.api} at {self.base_url}) sent a malformed answer: {exc!r}"
-            ) from exc
+            raise self._failed(f"sent a malformed answer: {exc!r}") from exc
+        self.failure = None
+        return answer
+
+    def _failed(self, what: str) -> ProxyError:
+        self.failure = f"chat teacher ({self.api} at {self.base_url}) {what}"
+        return ProxyError("engine_unavailable", self.failure)
 
     async def _openai_answer(
         self, client: openai.AsyncOpenAI, request: ChatRequest, sampling: CompletionParams
@@ -227,8 +231,10 @@ def teacher_context(engine: EngineConfig, model_dir: Path) -> int:
 
 class TeacherEngine:
     """What a rollout server's service holds as its engine when the engine is a
-    chat teacher: up as far as this host can tell, and with no policy weights,
-    so an UpdateWeights or StreamWeights is refused naming the teacher."""
+    chat teacher: healthy unless its last call failed (so a harness that broke
+    on a refusing teacher is an engine error, as on an engine that is down), and
+    with no policy weights: an UpdateWeights or StreamWeights is refused naming
+    the teacher."""
 
     unit_temperature_prompt_logprobs = False
     token_route = "completions"
@@ -238,7 +244,7 @@ class TeacherEngine:
         self.base_url = teacher.base_url
 
     async def healthy(self) -> bool:
-        return True
+        return self.teacher.failure is None
 
     async def update_weights(self, weights_path: str, mode: str = "keep", version: str | None = None) -> NoReturn:
         raise EngineError(

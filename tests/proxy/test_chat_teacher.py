@@ -17,46 +17,24 @@ import pytest
 
 from rollout_server.proxy.app import build_app
 from rollout_server.proxy.chat_teacher import ChatTeacher, TeacherApi
-from rollout_server.proxy.engine_client import ProxyEngineClient
 from rollout_server.proxy.render import ChatTemplate
 from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import SessionStore
 
 from .chat_formats import BASH
+from .chat_teacher_server import TEACHER_KEY, teacher_server, teacher_tokenizer
 from .conftest import ADMIN_TOKEN, MAX_CONTEXT
 from .scripted_engine import ScriptedEngine, ServerThread
 
-TEACHER_KEY = "teacher-key-0123456789"
 TOOLS = [BASH]
 CALL_TEXT = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>'
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def teacher_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A tokenizer of the teacher's own: the demo's format, another vocabulary."""
-    from transformers import AutoTokenizer
-
-    from legorl_jax.models.tokenizer import build_demo_tokenizer
-
-    return AutoTokenizer.from_pretrained(build_demo_tokenizer(tmp_path_factory.mktemp("teacher"), vocab_size=700))
-
-
-@pytest.fixture(scope="module")
-def teacher(teacher_tokenizer: Any) -> Iterator[tuple[ScriptedEngine, str]]:
-    """The teacher server: our proxy over the scripted engine, one session keyed TEACHER_KEY."""
-    engine = ScriptedEngine(teacher_tokenizer)
-    with ServerThread(engine.app) as engine_server:
-        core = ProxyCore(
-            ChatTemplate(teacher_tokenizer),
-            ProxyEngineClient(engine_server.url, "teacher"),
-            SessionStore(),
-            max_context=MAX_CONTEXT,
-        )
-        with ServerThread(build_app(core, admin_token=ADMIN_TOKEN)) as server:
-            created = httpx.post(f"{server.url}/admin/sessions", json={"key": TEACHER_KEY}, headers=ADMIN)
-            assert created.status_code == 201, created.text
-            yield engine, server.url
+def teacher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ScriptedEngine, str]]:
+    with teacher_server(teacher_tokenizer(tmp_path_factory.mktemp("teacher"))) as served:
+        yield served
 
 
 def _student(template: ChatTemplate, api: TeacherApi, url: str, key: str) -> ServerThread:
