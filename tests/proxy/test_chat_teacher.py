@@ -7,16 +7,18 @@ it, marked re-rendered, logprobs 0."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from legorl_jax.core.config import ConfigError, load_config
+from rollout_server.backends.client import EngineError
 from rollout_server.proxy.app import build_app
-from rollout_server.proxy.chat_teacher import ChatTeacher, TeacherApi
+from rollout_server.proxy.chat_teacher import ChatTeacher, TeacherApi, TeacherEngine, chat_teacher
 from rollout_server.proxy.render import ChatTemplate
 from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import SessionStore
@@ -125,7 +127,18 @@ def test_a_refused_key_is_a_clear_error_at_once(
         assert httpx.get(f"{student.url}/admin/sessions/{key}/trajectory", headers=ADMIN).status_code == 200
 
 
-def test_a_teacher_has_no_logprobs_to_recompute(template: ChatTemplate, tmp_path: Path) -> None:
+def test_a_teacher_has_no_logprobs_to_recompute(template: ChatTemplate) -> None:
     with _student(template, "openai_chat", "http://127.0.0.1:9", "k") as student:
         refused = httpx.post(f"{student.url}/admin/sessions", json={"recompute_logprobs": True}, headers=ADMIN)
     assert refused.status_code == 400 and "chat teacher" in refused.text
+
+
+def test_a_rollout_server_on_a_teacher_has_no_weights_and_needs_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = ["engine.kind=openai_chat", "engine.url=http://127.0.0.1:9", "engine.teacher_model=m"]
+    monkeypatch.delenv("TEACHER_KEY_UNSET", raising=False)
+    with pytest.raises(ConfigError, match="engine.api_key_env: environment variable TEACHER_KEY_UNSET is unset"):
+        chat_teacher(load_config(None, [*settings, "engine.api_key_env=TEACHER_KEY_UNSET"]).engine)
+    engine = TeacherEngine(chat_teacher(load_config(None, settings).engine))
+    assert asyncio.run(engine.healthy())
+    with pytest.raises(EngineError, match=r"chat teacher \(openai_chat m at http://127.0.0.1:9\): it serves no policy"):
+        asyncio.run(engine.update_weights("/weights/v1"))

@@ -4,6 +4,7 @@ here by the embedded engine, a real one)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from legorl_jax.core.config import ConfigError
 from legorl_jax.train.collect import Keep
 from legorl_jax.view.data import RunReader
 from protos.legorl.v1 import rollout_pb2 as pb
@@ -94,6 +96,25 @@ def test_collect_from_an_engine_url_writes_a_rollouts_directory_the_viewer_reads
     assert filtered.returncode == 2 and "--samples" in filtered.stderr
 
 
+def _run(*argv: str) -> int:
+    """A command in this process, as `legorl` runs it (without the process-wide set-up of `cli.main`)."""
+    from legorl_jax.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    return int(importlib.import_module(args._module).run(args))
+
+
+def test_a_chat_teachers_settings_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    collect = ["collect", "--model", str(tmp_path), "--out", str(tmp_path / "out")]
+    with pytest.raises(ConfigError, match="--teacher-model: settings of a chat teacher, given with --engine-api"):
+        _run(*collect, "--teacher-model", "t")
+    with pytest.raises(ConfigError, match=r"--engine-api: give the teacher's server \(--engine-url\) and model"):
+        _run(*collect, "--engine-api", "anthropic", "--engine-url", "http://t")
+    teacher = ["--set", "engine.kind=openai_chat", "--set", "engine.url=http://t", "--set", "engine.teacher_model=m"]
+    with pytest.raises(ConfigError, match="RL cannot train on them"):
+        _run("train", *teacher)
+
+
 # The teacher's bash tool call: the task's edit, with relative paths (a local sandbox runs in a copy of /app).
 _SOLVE = "sed -i '/^\\[server\\]/,/^\\[/{s/^port = 8000$/port = 9090/;s/^debug = true$/debug = false/}' service.ini"
 
@@ -105,7 +126,6 @@ def test_collect_from_a_chat_teacher_records_its_turns_as_the_student_writes_the
     from proxy.chat_teacher_server import TEACHER_KEY, teacher_server, teacher_tokenizer
     from rollout.stack import by_script, task_variant
 
-    from legorl_jax.cli import main
     from legorl_jax.models.demo_assets import build_tiny_hf_model
 
     student = build_tiny_hf_model(tmp_path / "student", max_position_embeddings=8192)  # the demo tokenizer
@@ -118,10 +138,10 @@ def test_collect_from_a_chat_teacher_records_its_turns_as_the_student_writes_the
     with teacher_server(teacher_tokenizer(tmp_path / "teacher")) as (engine, url):
         engine.respond = by_script({"teach-edit": _SOLVE}, final="Edited.")
         out = tmp_path / "episodes"
-        assert main([*args, "--engine-url", url, "--api-key-env", "TEACHER_KEY", "--out", str(out)]) == 0
+        assert _run(*args, "--engine-url", url, "--api-key-env", "TEACHER_KEY", "--out", str(out)) == 0
         monkeypatch.setenv("WRONG_KEY", "wrong-key-0123456789")
         refused = tmp_path / "refused"
-        assert main([*args, "--engine-url", url, "--api-key-env", "WRONG_KEY", "--out", str(refused)]) == 0
+        assert _run(*args, "--engine-url", url, "--api-key-env", "WRONG_KEY", "--out", str(refused)) == 0
 
     manifest = json.loads((out / "collect.json").read_text())
     assert manifest["source"]["tokens"] == "re-rendered with the student's template"
