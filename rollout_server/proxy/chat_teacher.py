@@ -236,6 +236,7 @@ class TeacherEngine:
     with no policy weights: an UpdateWeights or StreamWeights is refused naming
     the teacher."""
 
+    # What the proxy's build reads off an engine client; the proxy calls the teacher, never token routes.
     unit_temperature_prompt_logprobs = False
     token_route = "completions"
 
