@@ -61,6 +61,7 @@ class ChatTeacher:
         self.base_url = base_url.rstrip("/")
         self.failure: str | None = None  # the last call's failure, None once a call succeeds
         log_redaction.add_secret(api_key)
+        self._api_key = api_key
         key = api_key or _NO_KEY
         # The SDKs' own retries (429s, 5xx, dropped connections, with backoff); a refused key is not retried.
         self._openai = (
@@ -93,6 +94,9 @@ class ChatTeacher:
         return answer
 
     def _failed(self, what: str) -> ProxyError:
+        # The failure reaches the harness and the trial's record: a server that echoes the key gets it cut out.
+        if self._api_key:
+            what = what.replace(self._api_key, "<redacted>")
         self.failure = f"chat teacher ({self.api} at {self.base_url}) {what}"
         return ProxyError("engine_unavailable", self.failure)
 
@@ -116,7 +120,8 @@ class ChatTeacher:
         )
         choice = reply.choices[0]
         message = choice.message
-        reasoning = (message.model_extra or {}).get("reasoning_content")
+        extra = message.model_extra or {}
+        reasoning = extra.get("reasoning_content") or extra.get("reasoning")  # vLLM has used both names
         calls = tuple(
             ToolCall(c.id, c.function.name, parse_arguments(c.function.arguments))
             for c in message.tool_calls or ()

@@ -478,20 +478,25 @@ class ChatTemplate:
     ) -> list[int]:
         """The ids this model would have sampled to write `output` after the
         prompt of `request` (rendered with `matched`, ending in `gen_tail`): the
-        conversation with `output` as its last message, cut from the prompt's
-        generation tail up to the turn end, which is included. A reasoning the
-        tail rules out (thinking off: an empty think block) is left out."""
+        conversation with `output` as its last message, from the assistant
+        header up to the turn end, which is included, less the prompt's tail
+        where the turn repeats it (Qwen3's empty think block with thinking off).
+        A reasoning the tail rules out is left out, as that model could not write it."""
         message = Message("assistant", output.content, output.reasoning, list(output.tool_calls))
         tail = self.decode(gen_tail)
+        body = ""
         for reasoning in dict.fromkeys((output.reasoning, None)):
             message.reasoning = reasoning
             text = self._text([*request.messages, message], matched, request.tools, enable_thinking, prompt=False)
             start = text.rfind(self.header)
             end = text.find(self.turn_end_text, start) if start >= 0 else -1
+            if end < 0:
+                raise invalid("the chat template did not write the teacher's turn as an assistant turn")
             body = text[start + len(self.header) : end]
-            if end >= 0 and body.startswith(tail):
+            if body.startswith(tail):
                 return [*self.encode(body[len(tail) :]), self.turn_end_id]
-        raise invalid(f"the chat template does not write an assistant turn after its generation prompt's tail {tail!r}")
+        # The template writes the tail only in its generation prompt (the demo's): the turn follows it whole.
+        return [*self.encode(body), self.turn_end_id]
 
     def _text(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,11 +20,12 @@ from legorl_jax.core.config import ConfigError, load_config
 from rollout_server.backends.client import EngineError
 from rollout_server.proxy.app import build_app
 from rollout_server.proxy.chat_teacher import ChatTeacher, TeacherApi, TeacherEngine, chat_teacher
+from rollout_server.proxy.conversation import AssistantOutput, ChatRequest, Message
 from rollout_server.proxy.render import ChatTemplate
 from rollout_server.proxy.service import ProxyCore
 from rollout_server.proxy.session import SessionStore
 
-from .chat_formats import BASH
+from .chat_formats import BASH, with_template
 from .chat_teacher_server import TEACHER_KEY, teacher_server, teacher_tokenizer
 from .conftest import ADMIN_TOKEN, MAX_CONTEXT
 from .scripted_engine import ScriptedEngine, ServerThread
@@ -142,3 +144,51 @@ def test_a_rollout_server_on_a_teacher_has_no_weights_and_needs_its_key(monkeypa
     assert asyncio.run(engine.healthy())
     with pytest.raises(EngineError, match=r"chat teacher \(openai_chat m at http://127.0.0.1:9\): it serves no policy"):
         asyncio.run(engine.update_weights("/weights/v1"))
+
+
+@pytest.mark.parametrize("api", ["openai_chat", "anthropic"])
+@pytest.mark.parametrize("thinking", [True, False])
+def test_a_teachers_reasoning_is_written_where_the_students_prompt_leaves_room_for_it(
+    api: TeacherApi, thinking: bool, teacher: tuple[ScriptedEngine, str], template: ChatTemplate, tokenizer: Any
+) -> None:
+    engine, teacher_url = teacher
+    engine.reset()
+    engine.push("<think>\nFirst look around.\n</think>\n\nHello.")
+    with _student(template, api, teacher_url, TEACHER_KEY) as student:
+        created = httpx.post(f"{student.url}/admin/sessions", json={"enable_thinking": thinking}, headers=ADMIN)
+        key = created.json()["key"]
+        answer = _chat(student.url, key, [{"role": "user", "content": "Hi."}])
+        assert answer.status_code == 200, answer.text
+        trajectory = httpx.get(f"{student.url}/admin/sessions/{key}/trajectory", headers=ADMIN).json()
+    message = answer.json()["choices"][0]["message"]
+    assert (message["content"], message["reasoning_content"]) == ("Hello.", "First look around.")  # as it came
+    (seq,) = trajectory["sequences"]
+    written = tokenizer.decode([t for t, bit in zip(seq["token_ids"], seq["loss_mask"], strict=True) if bit])
+    # Thinking on, the student writes the thought; off, its prompt already holds an empty one, and the answer follows.
+    assert written == ("<think>\nFirst look around.\n</think>\n\nHello.<|im_end|>" if thinking else "Hello.<|im_end|>")
+
+
+def test_a_template_that_repeats_the_empty_think_block_in_the_turn_has_it_once(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """Qwen3's template writes the last turn's think block even when empty, as its generation prompt
+    does with thinking off: the turn's ids start after it, since the prompt holds it already."""
+    from transformers import AutoTokenizer
+
+    from legorl_jax.models.tokenizer import load_chat_template
+
+    demo = load_chat_template()
+    qwen3_like = demo.replace(
+        '{%- if reasoning.strip("\\n") and loop.index0 > ns.last_query -%}',
+        '{%- if loop.index0 > ns.last_query and (loop.last or reasoning.strip("\\n")) -%}',
+    )
+    assert qwen3_like != demo
+    template = ChatTemplate(AutoTokenizer.from_pretrained(with_template(tokenizer_dir, qwen3_like, tmp_path / "q")))
+    request = ChatRequest([Message("user", "Hi.")])
+    output = AssistantOutput("Hello.", "First look around.", ())
+    for thinking, written in ((False, "Hello."), (True, "<think>\nFirst look around.\n</think>\n\nHello.")):
+        prompt = template.render(request, {}, thinking)
+        ids = template.written_turn(request, {}, thinking, prompt.gen_tail, output)
+        header = "<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n")
+        assert template.decode(prompt.ids + ids).endswith(header + written + "<|im_end|>")
+        assert template.decode(ids) == written + "<|im_end|>"
