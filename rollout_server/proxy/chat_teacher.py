@@ -26,7 +26,14 @@ import openai
 from legorl_jax.core import log_redaction
 from legorl_jax.core.config import ConfigError, EngineConfig
 from rollout_server.backends.client import EngineError
-from rollout_server.proxy.conversation import AssistantOutput, ChatRequest, Message, ToolCall, parse_arguments
+from rollout_server.proxy.conversation import (
+    AssistantOutput,
+    ChatRequest,
+    Message,
+    ToolCall,
+    arguments_json,
+    parse_arguments,
+)
 from rollout_server.proxy.engine_client import CompletionParams
 from rollout_server.proxy.errors import ProxyError, invalid
 
@@ -169,14 +176,10 @@ def _openai_message(m: Message) -> dict[str, Any]:
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls:
         out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments_text(c)}}
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_json(c.arguments)}}
             for c in m.tool_calls
         ]
     return out
-
-
-def _arguments_text(call: ToolCall) -> str:
-    return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments, ensure_ascii=False)
 
 
 def _anthropic_messages(messages: list[Message]) -> list[dict[str, Any]]:
