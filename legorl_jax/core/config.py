@@ -190,7 +190,9 @@ class SamplingConfig(Strict):
 
 class RLConfig(Strict):
     advantage: str = Field("grpo", description="Advantage estimator (registry name): grpo, dr_grpo, rloo.")
-    loss: str = Field("ppo_clip", description="Policy loss (registry name): ppo_clip, gspo, cispo.")
+    loss: str = Field(
+        "ppo_clip", description="Policy loss (registry name): ppo_clip, gspo, cispo; nll is `legorl sft`'s."
+    )
     aggregation: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.28, ge=0, description="DAPO clip-higher upper bound.")
@@ -534,6 +536,20 @@ class LoggingConfig(Strict):
     )
 
 
+class SupervisedConfig(Strict):
+    """`legorl sft`: supervised fine-tuning on rollouts directories (the learner, optimizer and
+    checkpoints are the `learner:` section's; the loss is the sampled tokens' NLL)."""
+
+    epochs: int = Field(1, gt=0, description="Passes over the kept episodes' sequences (unless steps is set).")
+    steps: int | None = Field(None, gt=0, description="Optimizer steps; None: as many as `epochs` take.")
+    batch_size: int = Field(8, gt=0, description="Sequences per optimizer step.")
+    evaluate: bool = Field(
+        True,
+        description="Held-out evaluation (tasks.eval, or the demo's held-out variants) of the starting and the "
+        "fine-tuned model, on a rollout server in this process; skipped when the config has no held-out tasks.",
+    )
+
+
 class Config(Strict):
     seed: int = Field(
         0,
@@ -551,6 +567,7 @@ class Config(Strict):
     tasks: TasksConfig = TasksConfig()
     fleet: FleetConfig = FleetConfig()
     logging: LoggingConfig = LoggingConfig()
+    sft: SupervisedConfig = SupervisedConfig()
 
     @model_validator(mode="after")
     def _schedule_horizon(self) -> Config:

@@ -336,7 +336,7 @@ class Trainer:
         kept = self.step if restored is not None else -1
         runlog = RunLog(self.run_dir, resume_step=kept, tensorboard=cfg.logging.tensorboard)
         self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=kept, tokens=cfg.logging.rollout_tokens)
-        progress = _progress(cfg.total_steps, self.step, self.progress)
+        progress = progress_bar(cfg.total_steps, self.step, self.progress)
         try:
             async with self.fleet_session(model_dir) as fleet:
                 subscribers = self._subscribers(fleet)
@@ -516,8 +516,9 @@ async def _first_failure(work: Coroutine[Any, Any, T], watch: Coroutine[Any, Any
         await asyncio.gather(task, watcher, return_exceptions=True)
 
 
-def _progress(total: int, done: int, enabled: bool):
-    return tqdm(total=total, initial=done, desc="train", unit="step", disable=not enabled, dynamic_ncols=True)
+def progress_bar(total: int, done: int, enabled: bool, desc: str = "train") -> tqdm:
+    """The steps' progress bar (`legorl train`, `legorl sft`)."""
+    return tqdm(total=total, initial=done, desc=desc, unit="step", disable=not enabled, dynamic_ncols=True)
 
 
 def _publish_metrics(stats: PublishStats | None, published: PublishReport) -> dict[str, float]:
