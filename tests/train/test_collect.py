@@ -127,6 +127,7 @@ def test_collect_from_a_chat_teacher_records_its_turns_as_the_student_writes_the
     from rollout.stack import by_script, task_variant
 
     from legorl_jax.models.demo_assets import build_tiny_hf_model
+    from legorl_jax.train.sft_data import check_tokenizer, read_sft_data
 
     student = build_tiny_hf_model(tmp_path / "student", max_position_embeddings=8192)  # the demo tokenizer
     task = task_variant(tmp_path / "tasks", "teach-edit")
@@ -153,6 +154,10 @@ def test_collect_from_a_chat_teacher_records_its_turns_as_the_student_writes_the
     written = [tokenizer.decode(seq["ids"][start:end]) for start, end in seq["spans"]]
     assert written[0].endswith('"arguments": ' + json.dumps({"command": _SOLVE}) + "}\n</tool_call><|im_end|>")
     assert written[-1].endswith("Edited.<|im_end|>")
+    # In the student's tokenizer, so `legorl sft` takes them: every written token is a loss token.
+    check_tokenizer(out, student)
+    data = read_sft_data([out], Keep(), vocab_size=len(tokenizer))
+    assert data.summary()["sft/loss_tokens"] == sum(end - start for start, end in seq["spans"])
 
     # A refused key: the trial is an engine error naming the teacher's answer, and nothing is kept.
     manifest = json.loads((refused / "collect.json").read_text())
