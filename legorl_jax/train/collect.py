@@ -6,7 +6,10 @@ supervised fine-tuning takes in.
 Token exactness: the proxy records the ids the engine sampled under the chat
 template of the model directory it was started with, so the episodes are the
 student's tokens only when teacher and student share that tokenizer. The
-directory's `collect.json` says which tokenizer the ids are in.
+directory's `collect.json` says which tokenizer the ids are in. A chat teacher
+(engine.kind openai_chat / anthropic) gives messages: they are recorded as the
+student's template writes them (each sequence's `rerendered`, and the source's
+`tokens`), without logprobs; such episodes are for fine-tuning, not RL.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from legorl_jax.train.rollout_log import ROLLOUTS_FILE, RolloutLog, status_name
 from protos.legorl.v1 import rollout_pb2 as pb
 
 MANIFEST_FILE = "collect.json"
+# What collect.json's source says of a chat teacher's episodes.
+RERENDERED = "re-rendered with the student's template"
+_ERRORS_LISTED = 10  # distinct causes of broken trials collect.json names
 # The ends a rollout server has its verifier grade (the policy's own doing: done, out of time, out of budget).
 GRADED = frozenset({pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED})
 GRADED_NAMES = frozenset(map(status_name, GRADED))  # as a rollouts directory writes them
@@ -121,6 +127,8 @@ async def collect(
     log = RolloutLog(out_dir, tokenizer_dir, resume_step=0)
     await asyncio.to_thread(log.write, 0, "collect", kept)
     statuses = Counter(status_name(t.status) for t in trajectories)
+    # Why the ungraded trials broke (a refused key, an engine down): the most common causes, with their counts.
+    errors = Counter(t.error for t in trajectories if t.status not in GRADED and t.error)
     manifest = {
         "source": source,
         "tokenizer": str(tokenizer_dir),
@@ -130,6 +138,7 @@ async def collect(
         "filter": dataclasses.asdict(keep),
         "trials": len(trajectories),
         "statuses": dict(sorted(statuses.items())),
+        "errors": dict(errors.most_common(_ERRORS_LISTED)),
         "passed": sum(map(passed, trajectories)),
         "kept": len(kept),
     }

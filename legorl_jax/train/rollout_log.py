@@ -190,6 +190,8 @@ class RolloutLog:
             # [version, count] runs over the sampled tokens in order (two for a completion an update split).
             "versions": [[int(v), int(n)] for v, n in zip(seq.version_runs, seq.version_run_lengths, strict=False)],
             "unreported_version_tokens": seq.unreported_version_tokens,
+            # A chat teacher's turns written with this model's template: its logprobs are 0, not this model's.
+            "rerendered": seq.rerendered,
         }
         if self.tokens == "none" or (self.tokens == "train" and advantage is None):
             return out
