@@ -79,7 +79,7 @@ CLI_PLANS: dict[str, tuple[str, ...]] = {
     "explore": ("explore", "solve", "finish"),
     "describe": ("describe",),
 }
-# What a call without tools (a side call: OpenCode's title, for one) is answered with.
+# What a side call (OpenCode's title, Qwen Code's memory extraction) is answered with.
 SIDE_TEXT = "Solving the task"
 # The argument filled in for any other required string parameter of the shell tool.
 REQUIRED_TEXT = "Run a shell command"
@@ -141,8 +141,11 @@ class CliOracle:
     """The engine behind the proxy while recording: answers each call with the plan's next move.
 
     The move is found from the prompt alone (the sampled turns already in it),
-    so a harness that retries a call gets the same move again; a call without
-    tools is a side call and gets `SIDE_TEXT`. One episode at a time: `begin` sets it.
+    so a harness that retries a call gets the same move again. The episode's
+    main conversation is the first call with tools; a call without tools, or
+    with another system prompt or tool set (Qwen Code's memory extraction), is
+    a side call and gets `SIDE_TEXT`, as the proxy tells them apart
+    (`ChatRequest.root_key`). One episode at a time: `begin` sets it.
     """
 
     def __init__(self, template: ChatTemplate) -> None:
@@ -150,15 +153,29 @@ class CliOracle:
         self._moves = CliMoves("bash")
         self._plan: tuple[str, ...] = ()
         self._command = ""
+        self._main: tuple[str, tuple[str, ...]] | None = None  # the main conversation's root
+        self._seeded = 0  # assistant turns the harness wrote itself before the first move
         self.log = EpisodeLog()
 
     def begin(self, moves: CliMoves, plan: tuple[str, ...], command: str) -> None:
         self._moves, self._plan, self._command = moves, plan, command
+        self._main, self._seeded = None, 0
         self.log = EpisodeLog()
 
-    def _move(self, prompt: str, tools: dict[str, dict[str, Any]]) -> str | None:
-        """The plan's next move as completion text; None past the plan's end."""
-        done = prompt.count(_ASSISTANT) - 1  # the last header is the turn being asked for
+    def _main_turns(self, prompt: str, tools: dict[str, dict[str, Any]]) -> int | None:
+        """The assistant turns already in a main-conversation prompt; None for a side call."""
+        if not tools:
+            return None
+        root = (prompt[: prompt.find(_TOOLS_START)], tuple(sorted(tools)))
+        turns = prompt.count(_ASSISTANT) - 1  # the last header is the turn being asked for
+        if self._main is None:
+            # Harnesses may open with a scripted exchange (Qwen Code answers its own context message
+            # "Got it. Thanks for the context!"): those turns are no moves of the plan.
+            self._main, self._seeded = root, turns
+        return turns if root == self._main else None
+
+    def _move(self, done: int, tools: dict[str, dict[str, Any]]) -> str | None:
+        """The plan's next move as completion text, `done` moves in; None past the plan's end."""
         if done >= len(self._plan):
             self.log.unanswered += 1
             return None
@@ -177,18 +194,19 @@ class CliOracle:
     async def complete(self, prompt_ids: list[int], sampling: CompletionParams) -> EngineCompletion:
         prompt = self._template.decode(prompt_ids)
         tools = offered_tools(prompt)
-        text = self._move(prompt, tools) if tools else SIDE_TEXT
+        turns = self._main_turns(prompt, tools)
+        text = SIDE_TEXT if turns is None else self._move(turns - self._seeded, tools)
         # Nothing left to say: the end of turn alone (and the episode is reported, see `unanswered`).
         ids = (*self._template.encode(text or ""), self._template.turn_end_id)
         if len(ids) > sampling.max_tokens:
             raise DemonstrationError(
                 f"a scripted completion has {len(ids)} tokens, over max_tokens={sampling.max_tokens}"
             )
-        if tools:
+        if turns is None:
+            self.log.side_prompt_tokens.append(len(prompt_ids))
+        else:
             self.log.prompt_tokens.append(len(prompt_ids))
             self.log.sampled.append(ids)
-        else:
-            self.log.side_prompt_tokens.append(len(prompt_ids))
         return EngineCompletion(ids, (0.0,) * len(ids), "stop")
 
 

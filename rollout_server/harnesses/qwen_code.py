@@ -21,6 +21,10 @@ class QwenCode(CliHarness):
             "OPENAI_API_KEY": ctx.api_key,
             "OPENAI_MODEL": ctx.model,
         }
-        # Unset, the auth type defaults to Qwen OAuth, which is interactive.
-        settings = settings_file(ctx, ".qwen", auth_type="openai")
+        # Unset, the auth type defaults to Qwen OAuth, which is interactive. Managed auto-memory
+        # (on by default) asks the model, in the background after a prompt's turn, what to remember
+        # in ~/.qwen: a home no later trial reads, and a ~20k-token side call that may or may not
+        # be made before the CLI exits.
+        memory = {"memory": {"enableManagedAutoMemory": False}}
+        settings = settings_file(ctx, ".qwen", auth_type="openai", extra=memory)
         return self._launch(ctx, options, ("qwen", "-p", ctx.instruction, "--yolo"), env, (settings,))

@@ -175,6 +175,7 @@ def test_qwen_code() -> None:
     assert launch.env["OPENAI_MODEL"] == "policy-v3"
     settings = json.loads(file_at(launch, "/home/agent/.qwen/settings.json"))
     assert settings["security"]["auth"]["selectedType"] == "openai"
+    assert settings["memory"] == {"enableManagedAutoMemory": False}  # no background extraction call
 
 
 def test_openhands() -> None:
