@@ -27,7 +27,7 @@ from typing import Any
 
 import uvicorn
 
-from legorl_jax.core.config import REPO_ROOT, HarnessToolsConfig
+from legorl_jax.core.config import REPO_ROOT, HarnessToolsConfig, cache_root
 from legorl_jax.demo.demonstrations import (
     DESCRIBE_TEXT,
     EXPLORE_COMMAND,
@@ -93,8 +93,11 @@ _TOOLS_START, _TOOLS_END = "<tools>\n", "\n</tools>"
 
 def harness_tools_config() -> HarnessToolsConfig:
     """Where scripts/setup installs the harness CLIs on this host."""
-    cache = REPO_ROOT / ".cache"
-    return HarnessToolsConfig(npm_dir=str(cache / "harness-cli"), pip_venvs=[str(cache / "mini-venv")])
+    cache = cache_root()
+    # Set-up leaves OpenHands out without a Python >= 3.12; a trial of a CLI that is not there fails
+    # its install check, which names it.
+    venvs = [cache / name for name in ("mini-venv", "openhands-venv")]
+    return HarnessToolsConfig(npm_dir=str(cache / "harness-cli"), pip_venvs=[str(v) for v in venvs if v.is_dir()])
 
 
 def offered_tools(prompt: str) -> dict[str, dict[str, Any]]:

@@ -14,6 +14,10 @@ class QwenCode(CliHarness):
         kind="npm", package="@qwen-code/qwen-code", version="0.x", binary="qwen"
     )
     wire: ClassVar[Dialect] = "openai_chat"
+    # 0.15's shell tool checks every command with a tree-sitter bash parser whose WASM bytes the bundle
+    # turns into ~700k property getters: the JS heap peaks near 500 MB (630 MB resident), and node
+    # runs out of heap (or the container of memory) in a 512 MB task sandbox at the first command.
+    runtime_memory_mb = 512
 
     def launch_spec(self, ctx: HarnessContext, options: HarnessOptions) -> LaunchSpec:
         env = {
