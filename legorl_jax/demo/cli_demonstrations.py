@@ -20,7 +20,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +61,8 @@ class CliMoves:
     shell: str  # the tool's name in the request's tool list
     # A command that ends the episode (run through the shell tool); None: a plain answer ends it.
     finish_command: str | None = None
+    # Arguments of every shell call besides the command, where filling in `REQUIRED_TEXT` would not do.
+    arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
 CLI_MOVES: dict[str, CliMoves] = {
@@ -69,6 +71,8 @@ CLI_MOVES: dict[str, CliMoves] = {
     "opencode": CliMoves("bash"),
     "gemini-cli": CliMoves("run_shell_command"),
     "qwen-code": CliMoves("run_shell_command"),
+    # Its terminal tool requires a risk level (an enum) with every command.
+    "openhands": CliMoves("terminal", arguments={"security_risk": "LOW"}),
     "mini-swe-agent": CliMoves("bash", finish_command="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
 }
 # The plans a CLI episode can play (see demonstrations.PLANS). A harness may drop a turn without a
@@ -114,14 +118,14 @@ def offered_tools(prompt: str) -> dict[str, dict[str, Any]]:
     return tools
 
 
-def shell_call(tool: dict[str, Any], command: str) -> str:
-    """A call of `tool` running `command`, its arguments read from the tool's JSON schema."""
+def shell_call(tool: dict[str, Any], command: str, arguments: Mapping[str, Any] | None = None) -> str:
+    """A call of `tool` running `command` with `arguments`, the rest read from the tool's JSON schema."""
     params = tool.get("parameters") or {}
     props = params.get("properties") or {}
     name = next((p for p in _COMMAND_ARGS if p in props), None)
     if name is None:
         raise DemonstrationError(f"shell tool {tool['name']!r} takes none of {_COMMAND_ARGS}: {sorted(props)}")
-    args: dict[str, Any] = {name: command}
+    args: dict[str, Any] = {name: command, **(arguments or {})}
     for required in params.get("required") or ():
         if required not in args:
             if (props.get(required) or {}).get("type") != "string":
@@ -192,7 +196,7 @@ class CliOracle:
             raise DemonstrationError(f"the request offers no {self._moves.shell!r} tool, only {sorted(tools)}")
         command = {"explore": EXPLORE_COMMAND, "solve": self._command}.get(move, self._moves.finish_command)
         assert command is not None  # finish without a finish command answered above
-        return shell_call(shell, command)
+        return shell_call(shell, command, self._moves.arguments)
 
     async def complete(self, prompt_ids: list[int], sampling: CompletionParams) -> EngineCompletion:
         prompt = self._template.decode(prompt_ids)

@@ -1,13 +1,17 @@
-"""The CLI oracle's moves read off prompts as the demo chat template renders them, no CLI or Docker:
-a harness's own opening exchange is no move, and side calls (with tools or without) get the side text."""
+"""The CLI oracle without a CLI or Docker: its moves read off prompts as the demo chat template renders
+them (a harness's own opening exchange is no move; side calls, with tools or without, get the side
+text), and the shell calls it writes from a tool's schema."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
+import pytest
+
 from legorl_jax.demo.cli_demonstrations import CLI_MOVES, CLI_PLANS, SIDE_TEXT, CliOracle, shell_call
-from legorl_jax.demo.demonstrations import FINISH_TEXT
+from legorl_jax.demo.demonstrations import FINISH_TEXT, DemonstrationError
 from rollout_server.proxy.engine_client import CompletionParams
 from rollout_server.proxy.render import ChatTemplate
 
@@ -51,3 +55,27 @@ def test_a_harness_opening_exchange_is_not_a_move_and_side_calls_get_the_side_te
     assert answer(oracle, tokenizer, done, [SHELL]) == FINISH_TEXT
     assert len(oracle.log.prompt_tokens) == 3 and len(oracle.log.side_prompt_tokens) == 2
     assert oracle.log.unanswered == 0
+
+
+def test_shell_call_fills_the_schema_and_refuses_what_it_cannot() -> None:
+    tool = {
+        "name": "Bash",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+            "required": ["command", "description"],
+        },
+    }
+    call = json.loads(shell_call(tool, "ls").removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    assert call == {"name": "Bash", "arguments": {"command": "ls", "description": "Run a shell command"}}
+    with pytest.raises(DemonstrationError, match="takes none of"):
+        shell_call({"name": "x", "parameters": {"properties": {"path": {"type": "string"}}}}, "ls")
+    # Arguments the harness's moves give (OpenHands' risk level, an enum) are not filled in.
+    risk = {"type": "string", "enum": ["UNKNOWN", "LOW"]}
+    terminal = {"name": "terminal", "parameters": {"properties": {"command": {}, "security_risk": risk}}}
+    terminal["parameters"]["required"] = ["command", "security_risk"]
+    call = json.loads(shell_call(terminal, "ls", {"security_risk": "LOW"}).split("\n")[1])
+    assert call["arguments"] == {"command": "ls", "security_risk": "LOW"}
+    timeout = {"properties": {"cmd": {}, "timeout": {"type": "integer"}}, "required": ["timeout"]}
+    with pytest.raises(DemonstrationError, match="requires 'timeout', not a string"):
+        shell_call({"name": "x", "parameters": timeout}, "ls")
