@@ -51,13 +51,15 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
 
 
 @pytest.fixture(scope="module")
-def episodes(tokenizer: Any, task: Task) -> dict[str, CliEpisode]:
-    """One working-plan episode per CLI, recorded by one recorder (one proxy, one sandbox network)."""
+def episodes(request: pytest.FixtureRequest, tokenizer: Any, task: Task) -> dict[str, CliEpisode]:
+    """One working-plan episode per CLI whose test is selected (`-k qwen-code` records Qwen Code's
+    alone), recorded by one recorder (one proxy, one sandbox network)."""
     _installed()
+    selected = [h for h in HARNESSES if any(f"[{h}]" in item.nodeid for item in request.session.items)]
 
     async def main() -> dict[str, CliEpisode]:
         async with CliRecorder.running(tokenizer, max_context=131072) as recorder:
-            return {h: await recorder.episode(task, h, "direct") for h in HARNESSES}
+            return {h: await recorder.episode(task, h, "direct") for h in selected}
 
     return asyncio.run(main())
 
