@@ -101,14 +101,17 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
     sandbox: Sandbox | None = None
     started = time.monotonic()
     try:
-        sandbox = host.sandboxes.create(_sandbox_spec(host, harness, spec))
+        sandbox_spec = _sandbox_spec(host, harness, spec)
+        sandbox = host.sandboxes.create(sandbox_spec)
         await asyncio.to_thread(sandbox.start)
         times.setup_s = time.monotonic() - started
 
         phase = time.monotonic()
         status, reason, harness_metrics = await _run_agent(harness, sandbox, host, spec, session.key)
         times.agent_s = time.monotonic() - phase
-        status, reason = await _agent_outcome(status, reason, sandbox, host, spec, session.trajectory, epoch)
+        status, reason = await _agent_outcome(
+            status, reason, sandbox, host, sandbox_spec.memory_mb, session.trajectory, epoch
+        )
 
         phase = time.monotonic()
         verdict = await asyncio.to_thread(verify, sandbox, spec.task, spec.verifier_timeout_s)
@@ -152,7 +155,7 @@ async def _agent_outcome(
     reason: str,
     sandbox: Sandbox,
     host: TrialHost,
-    spec: TrialSpec,
+    memory_mb: int,
     captured: CapturedTrajectory,
     epoch: int,
 ) -> tuple[pb.TrialStatus, str]:
@@ -171,8 +174,7 @@ async def _agent_outcome(
         return pb.TRIAL_STATUS_CAP_EXCEEDED, f"the last completion hit max_tokens ({limit}), then: {reason}"[:1000]
     if status == pb.TRIAL_STATUS_OK and (killed := await asyncio.to_thread(sandbox.oom_kill_count)):
         # The agent's own commands outgrew the memory limit: a cap it hit, graded as the sandbox stands.
-        limit = spec.task.config.environment.memory_mb
-        return pb.TRIAL_STATUS_CAP_EXCEEDED, f"out of memory: {killed} process(es) killed at the {limit} MB limit"
+        return pb.TRIAL_STATUS_CAP_EXCEEDED, f"out of memory: {killed} process(es) killed at the {memory_mb} MB limit"
     if status == pb.TRIAL_STATUS_HARNESS_ERROR and host.engine_healthy is not None and not await host.engine_healthy():
         # The harness failed because the engine behind the proxy did: not the harness's fault.
         return pb.TRIAL_STATUS_ENGINE_ERROR, f"inference engine is down: {reason}"
@@ -185,6 +187,10 @@ def _wall(spec: TrialSpec) -> float:
 
 def _sandbox_spec(host: TrialHost, harness: Harness, spec: TrialSpec) -> SandboxSpec:
     sandbox_spec = spec_for_task(spec.task, spec.trial_id, wall_clock_s=_wall(spec))
+    if isinstance(harness, CliHarness) and harness.runtime_memory_mb:
+        # The CLI runs inside the task's sandbox: its runtime's memory comes on top of the task's own.
+        memory_mb = sandbox_spec.memory_mb + harness.runtime_memory_mb
+        sandbox_spec = dataclasses.replace(sandbox_spec, memory_mb=memory_mb)
     # Only a container can mount; the local sandbox shares the host's files, where the CLIs are on PATH.
     if not isinstance(harness, CliHarness) or host.harness_tools is None or host.sandboxes.kind != "docker":
         return sandbox_spec

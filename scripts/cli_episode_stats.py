@@ -25,8 +25,6 @@ from legorl_jax.core.config import DEFAULT_CONFIG, load_config  # noqa: E402
 from legorl_jax.demo.cli_demonstrations import CLI_MOVES, CliEpisode, record_cli_demonstrations  # noqa: E402
 from rollout_server.demo_families import demo_task_splits  # noqa: E402
 
-_DEFAULT_HARNESSES = "mini-swe-agent,opencode,codex,claude-code,gemini-cli"
-
 
 def _table(episodes: list[CliEpisode]) -> str:
     rows = [
@@ -50,7 +48,7 @@ def _table(episodes: list[CliEpisode]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--harnesses", default=_DEFAULT_HARNESSES, help=f"comma-separated, of {sorted(CLI_MOVES)}")
+    parser.add_argument("--harnesses", default=",".join(CLI_MOVES), help="comma-separated (default: every CLI)")
     parser.add_argument("--plans", default="direct,describe")
     parser.add_argument("--tasks", type=int, default=2, help="generated demo training tasks (one per family first)")
     parser.add_argument("--tokenizer", type=Path, help="an HF tokenizer directory (default: the base demo tokenizer)")

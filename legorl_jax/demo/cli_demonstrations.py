@@ -20,14 +20,14 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 
-from legorl_jax.core.config import REPO_ROOT, HarnessToolsConfig
+from legorl_jax.core.config import REPO_ROOT, HarnessToolsConfig, cache_root
 from legorl_jax.demo.demonstrations import (
     DESCRIBE_TEXT,
     EXPLORE_COMMAND,
@@ -61,6 +61,8 @@ class CliMoves:
     shell: str  # the tool's name in the request's tool list
     # A command that ends the episode (run through the shell tool); None: a plain answer ends it.
     finish_command: str | None = None
+    # Arguments of every shell call besides the command, where filling in `REQUIRED_TEXT` would not do.
+    arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
 CLI_MOVES: dict[str, CliMoves] = {
@@ -69,6 +71,8 @@ CLI_MOVES: dict[str, CliMoves] = {
     "opencode": CliMoves("bash"),
     "gemini-cli": CliMoves("run_shell_command"),
     "qwen-code": CliMoves("run_shell_command"),
+    # Its terminal tool requires a risk level (an enum) with every command.
+    "openhands": CliMoves("terminal", arguments={"security_risk": "LOW"}),
     "mini-swe-agent": CliMoves("bash", finish_command="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
 }
 # The plans a CLI episode can play (see demonstrations.PLANS). A harness may drop a turn without a
@@ -79,7 +83,7 @@ CLI_PLANS: dict[str, tuple[str, ...]] = {
     "explore": ("explore", "solve", "finish"),
     "describe": ("describe",),
 }
-# What a call without tools (a side call: OpenCode's title, for one) is answered with.
+# What a side call (OpenCode's title, Qwen Code's memory extraction) is answered with.
 SIDE_TEXT = "Solving the task"
 # The argument filled in for any other required string parameter of the shell tool.
 REQUIRED_TEXT = "Run a shell command"
@@ -93,8 +97,11 @@ _TOOLS_START, _TOOLS_END = "<tools>\n", "\n</tools>"
 
 def harness_tools_config() -> HarnessToolsConfig:
     """Where scripts/setup installs the harness CLIs on this host."""
-    cache = REPO_ROOT / ".cache"
-    return HarnessToolsConfig(npm_dir=str(cache / "harness-cli"), pip_venvs=[str(cache / "mini-venv")])
+    cache = cache_root()
+    # Set-up leaves OpenHands out without a Python >= 3.12; a trial of a CLI that is not there fails
+    # its install check, which names it.
+    venvs = [cache / name for name in ("mini-venv", "openhands-venv")]
+    return HarnessToolsConfig(npm_dir=str(cache / "harness-cli"), pip_venvs=[str(v) for v in venvs if v.is_dir()])
 
 
 def offered_tools(prompt: str) -> dict[str, dict[str, Any]]:
@@ -111,14 +118,14 @@ def offered_tools(prompt: str) -> dict[str, dict[str, Any]]:
     return tools
 
 
-def shell_call(tool: dict[str, Any], command: str) -> str:
-    """A call of `tool` running `command`, its arguments read from the tool's JSON schema."""
+def shell_call(tool: dict[str, Any], command: str, arguments: Mapping[str, Any] | None = None) -> str:
+    """A call of `tool` running `command` with `arguments`, the rest read from the tool's JSON schema."""
     params = tool.get("parameters") or {}
     props = params.get("properties") or {}
     name = next((p for p in _COMMAND_ARGS if p in props), None)
     if name is None:
         raise DemonstrationError(f"shell tool {tool['name']!r} takes none of {_COMMAND_ARGS}: {sorted(props)}")
-    args: dict[str, Any] = {name: command}
+    args: dict[str, Any] = {name: command, **(arguments or {})}
     for required in params.get("required") or ():
         if required not in args:
             if (props.get(required) or {}).get("type") != "string":
@@ -141,8 +148,11 @@ class CliOracle:
     """The engine behind the proxy while recording: answers each call with the plan's next move.
 
     The move is found from the prompt alone (the sampled turns already in it),
-    so a harness that retries a call gets the same move again; a call without
-    tools is a side call and gets `SIDE_TEXT`. One episode at a time: `begin` sets it.
+    so a harness that retries a call gets the same move again. The episode's
+    main conversation is the first call with tools; a call without tools, or
+    with another system prompt or tool set (Qwen Code's memory extraction), is
+    a side call and gets `SIDE_TEXT`, as the proxy tells them apart
+    (`ChatRequest.root_key`). One episode at a time: `begin` sets it.
     """
 
     def __init__(self, template: ChatTemplate) -> None:
@@ -150,15 +160,29 @@ class CliOracle:
         self._moves = CliMoves("bash")
         self._plan: tuple[str, ...] = ()
         self._command = ""
+        self._main: tuple[str, tuple[str, ...]] | None = None  # the main conversation's root
+        self._seeded = 0  # assistant turns the harness wrote itself before the first move
         self.log = EpisodeLog()
 
     def begin(self, moves: CliMoves, plan: tuple[str, ...], command: str) -> None:
         self._moves, self._plan, self._command = moves, plan, command
+        self._main, self._seeded = None, 0
         self.log = EpisodeLog()
 
-    def _move(self, prompt: str, tools: dict[str, dict[str, Any]]) -> str | None:
-        """The plan's next move as completion text; None past the plan's end."""
-        done = prompt.count(_ASSISTANT) - 1  # the last header is the turn being asked for
+    def _main_turns(self, prompt: str, tools: dict[str, dict[str, Any]]) -> int | None:
+        """The assistant turns already in a main-conversation prompt; None for a side call."""
+        if not tools:
+            return None
+        root = (prompt[: prompt.find(_TOOLS_START)], tuple(sorted(tools)))
+        turns = prompt.count(_ASSISTANT) - 1  # the last header is the turn being asked for
+        if self._main is None:
+            # Harnesses may open with a scripted exchange (Qwen Code answers its own context message
+            # "Got it. Thanks for the context!"): those turns are no moves of the plan.
+            self._main, self._seeded = root, turns
+        return turns if root == self._main else None
+
+    def _move(self, done: int, tools: dict[str, dict[str, Any]]) -> str | None:
+        """The plan's next move as completion text, `done` moves in; None past the plan's end."""
         if done >= len(self._plan):
             self.log.unanswered += 1
             return None
@@ -172,23 +196,24 @@ class CliOracle:
             raise DemonstrationError(f"the request offers no {self._moves.shell!r} tool, only {sorted(tools)}")
         command = {"explore": EXPLORE_COMMAND, "solve": self._command}.get(move, self._moves.finish_command)
         assert command is not None  # finish without a finish command answered above
-        return shell_call(shell, command)
+        return shell_call(shell, command, self._moves.arguments)
 
     async def complete(self, prompt_ids: list[int], sampling: CompletionParams) -> EngineCompletion:
         prompt = self._template.decode(prompt_ids)
         tools = offered_tools(prompt)
-        text = self._move(prompt, tools) if tools else SIDE_TEXT
+        turns = self._main_turns(prompt, tools)
+        text = SIDE_TEXT if turns is None else self._move(turns - self._seeded, tools)
         # Nothing left to say: the end of turn alone (and the episode is reported, see `unanswered`).
         ids = (*self._template.encode(text or ""), self._template.turn_end_id)
         if len(ids) > sampling.max_tokens:
             raise DemonstrationError(
                 f"a scripted completion has {len(ids)} tokens, over max_tokens={sampling.max_tokens}"
             )
-        if tools:
+        if turns is None:
+            self.log.side_prompt_tokens.append(len(prompt_ids))
+        else:
             self.log.prompt_tokens.append(len(prompt_ids))
             self.log.sampled.append(ids)
-        else:
-            self.log.side_prompt_tokens.append(len(prompt_ids))
         return EngineCompletion(ids, (0.0,) * len(ids), "stop")
 
 

@@ -216,6 +216,9 @@ class CliHarness(Harness, ABC):
 
     Options: ClassVar[type[HarnessOptions]] = CliOptions
     wire: ClassVar[Dialect]
+    # Memory the CLI's own runtime needs beyond what a task declares for its environment, added to a
+    # trial's sandbox limit: the task's author cannot know which harness will run in it.
+    runtime_memory_mb: ClassVar[int] = 0
 
     def install_spec(self, options: HarnessOptions) -> InstallSpec:
         version = getattr(options, "version", None)

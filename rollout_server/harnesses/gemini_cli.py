@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 from .base import (
@@ -22,14 +23,18 @@ from .base import (
 TURN_LIMIT_EXIT = 53
 
 
-def settings_file(ctx: HarnessContext, config_dir: str, auth_type: str) -> FileSpec:
-    """`~/<config_dir>/settings.json` in Gemini CLI's schema, which its fork Qwen Code reads too."""
+def settings_file(
+    ctx: HarnessContext, config_dir: str, auth_type: str, extra: Mapping[str, object] | None = None
+) -> FileSpec:
+    """`~/<config_dir>/settings.json` in Gemini CLI's schema, which its fork Qwen Code reads too;
+    `extra`: top-level sections of the fork's own."""
     settings = {
         # Without a selected auth type the CLI asks interactively.
         "security": {"auth": {"selectedType": auth_type}},
         # Both upload to Google when on; offline they only add failing requests.
         "telemetry": {"enabled": False},
         "privacy": {"usageStatisticsEnabled": False},
+        **(extra or {}),
     }
     return json_file(home_path(ctx, config_dir, "settings.json"), settings)
 

@@ -4,7 +4,6 @@ proxy and trial runner, the verifier's grade, with the scripted oracle as the en
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from itertools import groupby
 from typing import Any
@@ -13,7 +12,7 @@ import docker
 import pytest
 from rollout.stack import trial_containers
 
-from legorl_jax.core.config import REPO_ROOT
+from legorl_jax.core.config import cache_root
 from legorl_jax.demo.cli_demonstrations import (
     CLI_MOVES,
     FINISH_TEXT,
@@ -22,22 +21,20 @@ from legorl_jax.demo.cli_demonstrations import (
     offered_tools,
     shell_call,
 )
-from legorl_jax.demo.demonstrations import DemonstrationError, solution_command
+from legorl_jax.demo.demonstrations import solution_command
 from rollout_server.demo_families import generated_tasks
 from rollout_server.tasks import Task
 
 pytestmark = [pytest.mark.docker, pytest.mark.npm, pytest.mark.slow]
 
-# The four the CLI demo mixes, and Gemini CLI. Qwen Code starts in the sandbox now but does not run
-# the oracle's shell call (it asks the model three more times and the task stays unsolved): not yet
-# driven.
-HARNESSES = ("mini-swe-agent", "opencode", "codex", "claude-code", "gemini-cli")
+# Every CLI harness: the four the CLI demo mixes first.
+HARNESSES = ("mini-swe-agent", "opencode", "codex", "claude-code", "gemini-cli", "qwen-code", "openhands")
 HEADER = "<|im_start|>assistant\n"
 IM_END = "<|im_end|>"
 
 
 def _installed() -> None:
-    for path in (REPO_ROOT / ".cache" / "harness-cli", REPO_ROOT / ".cache" / "mini-venv"):
+    for path in (cache_root() / name for name in ("harness-cli", "mini-venv", "openhands-venv")):
         if not path.is_dir():
             reason = f"no host install at {path} (run scripts/setup)"
             if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
@@ -54,13 +51,15 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
 
 
 @pytest.fixture(scope="module")
-def episodes(tokenizer: Any, task: Task) -> dict[str, CliEpisode]:
-    """One working-plan episode per CLI, recorded by one recorder (one proxy, one sandbox network)."""
+def episodes(request: pytest.FixtureRequest, tokenizer: Any, task: Task) -> dict[str, CliEpisode]:
+    """One working-plan episode per CLI whose test is selected (`-k qwen-code` records Qwen Code's
+    alone), recorded by one recorder (one proxy, one sandbox network)."""
     _installed()
+    selected = [h for h in HARNESSES if any(f"[{h}]" in item.nodeid for item in request.session.items)]
 
     async def main() -> dict[str, CliEpisode]:
         async with CliRecorder.running(tokenizer, max_context=131072) as recorder:
-            return {h: await recorder.episode(task, h, "direct") for h in HARNESSES}
+            return {h: await recorder.episode(task, h, "direct") for h in selected}
 
     return asyncio.run(main())
 
@@ -90,12 +89,13 @@ def test_working_plan_through_the_cli_is_graded_1(
         assert tokenizer.decode(list(ids[:a])).endswith(HEADER)  # each loss span opens an assistant turn
         assert tokenizer.decode(list(ids[b - 1 : b])) == IM_END
     # The first answer calls the shell tool the request offered, with the task's solution.
-    tools = offered_tools(tokenizer.decode(list(ids)))
+    moves = CLI_MOVES[harness]
+    shell = offered_tools(tokenizer.decode(list(ids)))[moves.shell]
     solve = tokenizer.decode(list(ids[spans[0][0] : spans[0][1] - 1]))
-    assert solve == shell_call(tools[CLI_MOVES[harness].shell], solution_command(task))
+    assert solve == shell_call(shell, solution_command(task), moves.arguments)
     finish = tokenizer.decode(list(ids[spans[1][0] : spans[1][1] - 1]))
-    last = CLI_MOVES[harness].finish_command
-    assert finish == (FINISH_TEXT if last is None else shell_call(tools[CLI_MOVES[harness].shell], last))
+    last = moves.finish_command
+    assert finish == (FINISH_TEXT if last is None else shell_call(shell, last, moves.arguments))
     # A side call (OpenCode's title) is a sequence of its own, never inside the task's.
     assert episode.side_calls == (1 if harness == "opencode" else 0)
     assert len(demo.sequences) == 1 + episode.side_calls
@@ -103,21 +103,3 @@ def test_working_plan_through_the_cli_is_graded_1(
 
 def test_no_trial_container_is_left(episodes: dict[str, CliEpisode]) -> None:
     assert trial_containers(docker.from_env()) == []
-
-
-def test_shell_call_fills_the_schema_and_refuses_what_it_cannot() -> None:
-    tool = {
-        "name": "Bash",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
-            "required": ["command", "description"],
-        },
-    }
-    call = json.loads(shell_call(tool, "ls").removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
-    assert call == {"name": "Bash", "arguments": {"command": "ls", "description": "Run a shell command"}}
-    with pytest.raises(DemonstrationError, match="takes none of"):
-        shell_call({"name": "x", "parameters": {"properties": {"path": {"type": "string"}}}}, "ls")
-    timeout = {"properties": {"cmd": {}, "timeout": {"type": "integer"}}, "required": ["timeout"]}
-    with pytest.raises(DemonstrationError, match="requires 'timeout', not a string"):
-        shell_call({"name": "x", "parameters": timeout}, "ls")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.harnesses import (
     CliHarness,
     HarnessConfigError,
@@ -19,6 +21,8 @@ from rollout_server.harnesses import (
 )
 from rollout_server.harnesses.base import stdin_from
 from rollout_server.sandbox.local import LocalSandbox
+from rollout_server.tasks import DEMO_TASKS_DIR, load_task
+from rollout_server.trial import TrialSpec, _sandbox_spec
 
 CTX = HarnessContext(
     session_url="http://172.30.0.1:8080/s/key-123/",
@@ -175,6 +179,28 @@ def test_qwen_code() -> None:
     assert launch.env["OPENAI_MODEL"] == "policy-v3"
     settings = json.loads(file_at(launch, "/home/agent/.qwen/settings.json"))
     assert settings["security"]["auth"]["selectedType"] == "openai"
+    assert settings["memory"] == {"enableManagedAutoMemory": False}  # no background extraction call
+
+
+@pytest.mark.parametrize("name", ["qwen-code", "claude-code"])
+def test_a_cli_runtime_memory_comes_on_top_of_the_task_limit(name: str) -> None:
+    harness = get_harness(name)
+    task = load_task(DEMO_TASKS_DIR / "edit-config")
+    trial = TrialSpec(
+        "t1",
+        task,
+        pb.HarnessConfig(name=name),
+        harness.parse_options({}),
+        pb.SamplingParams(),
+        pb.TrialLimits(),
+        {},
+        agent_timeout_s=60.0,
+        verifier_timeout_s=30.0,
+    )
+    host = SimpleNamespace(harness_tools=None)
+    extra = 512 if name == "qwen-code" else 0  # Qwen Code's shell tool peaks past a 512 MB task's limit
+    box = _sandbox_spec(host, harness, trial)  # type: ignore[arg-type]
+    assert box.memory_mb == task.config.environment.memory_mb + extra
 
 
 def test_openhands() -> None:
