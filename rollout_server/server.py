@@ -249,6 +249,7 @@ class RolloutServer:
             # A relayed weight stream goes to another server of the fleet, which wants the fleet's token and TLS.
             relay_security=client_security(cfg.fleet.security),
             engine_dtype=self.engine.dtype,
+            base_weights=self.model_dir,
         )
         # Streamed weights carry tokenizer files whole in their header (Qwen3's is ~11 MB).
         self._grpc = grpc.aio.server(

@@ -99,6 +99,16 @@ def merged_weight(module: Linear) -> jax.Array:
     return (w.astype(jnp.float32) + module.lora_scale * delta).astype(w.dtype)
 
 
+def merge_adapters(model: CausalLM) -> CausalLM:
+    """Folds every adapter into its weight (W + scale * B @ A) and removes it: what the
+    embedded engine serves, no adapter products left in the forward. The weights' variables
+    are set in place: merge a copy (`nnx.merge(..., copy=True)`) to keep the base."""
+    for _, module in adapted(model):
+        module.weight.set_value(merged_weight(module))
+        module.lora_a, module.lora_b, module.lora_scale = None, None, 0.0
+    return model
+
+
 def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
     """The adapters as PEFT names them (`base_model.model.<weight's name minus .weight>.lora_A.weight`,
     A [r, in] and B [out, r] per layer), float32."""
