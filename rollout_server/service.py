@@ -39,6 +39,7 @@ from legorl_jax.core.weight_layout import WeightTransferError, read_manifest
 from legorl_jax.core.weight_probe import ProbeResult
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_server.backends.adapters import AdapterRoute
 from rollout_server.backends.client import EngineClient, EngineError
 from rollout_server.backends.served_probe import ProbeFailed, failure, probe_engine
 from rollout_server.harnesses import get_harness, harness_names
@@ -228,8 +229,11 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         engine_dtype: str | None = None,
         check_probe: bool = True,
         base_weights: Path | None = None,
+        adapters: AdapterRoute | None = None,
     ) -> None:
         self.host = host
+        # An engine that serves adapter versions by name (vLLM's LoRA path); None: it merges them on reload.
+        self.adapters = adapters
         # The checkpoint the engine booted from: adapter versions apply to it until a full version replaces it.
         self.served_base = ServedBase(base_weights)
         self.engine_dtype = engine_dtype  # the engine's compute dtype (None: its own choice), for the probe
@@ -467,8 +471,11 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
         self.engine_dirs |= {directory}
         try:
-            await self.engine.update_weights(str(directory), "keep", version=str(version))
-            probe, path = await self._probe_or_restart(directory)
+            if adapter and self.adapters is not None:
+                probe, path = await self._serve_adapter(self.adapters, version, directory)
+            else:
+                await self.engine.update_weights(str(directory), "keep", version=str(version))
+                probe, path = await self._probe_or_restart(directory)
         except (EngineError, ProbeFailed) as exc:
             # What the engine holds now is unknown: no delta may build on it, and no directory it was
             # handed may be pruned (`engine_dirs` keeps them all).
@@ -488,6 +495,20 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
                  reload_s, diff)  # fmt: skip
         return pb.UpdateWeightsResponse(loaded_version=version, reload_s=reload_s, probe_max_abs_diff=diff,
                                         update_path=path)  # fmt: skip
+
+    async def _serve_adapter(
+        self, adapters: AdapterRoute, version: int, directory: Path
+    ) -> tuple[ProbeResult | None, str]:
+        """Loads the adapter under its own name and probes through it; new requests name it only once
+        it passed, while requests in flight finish on the adapter they named (`AdapterRoute`)."""
+        loaded = await adapters.load(self.engine, version, directory)
+        probe = None
+        if self.check_probe:
+            probe = await probe_engine(self.engine, directory, self.engine_dtype, model=loaded.name)
+        if probe is not None and not probe.passed:
+            raise ProbeFailed(failure(probe, directory, "serving the adapter"))
+        await adapters.serve(self.engine, loaded)
+        return probe, "adapter"
 
     async def _probe_or_restart(self, directory: Path) -> tuple[ProbeResult | None, str]:
         """The probe of what the engine now serves, and how it came to serve it ("reload" or "restart")."""

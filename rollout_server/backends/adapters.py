@@ -1,0 +1,63 @@
+"""Adapter versions served by name (vLLM's LoRA path, `--enable-lora`).
+
+Each adapter version of a LoRA run is loaded under its own name, `v{version}`,
+and new requests name the newest. A request is sampled from its first token
+to its last by the adapter it named, so all its tokens carry that adapter's
+version, whatever label the engine gives its base weights. An older adapter
+is unloaded at a later update once no request in flight names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rollout_server.backends.client import EngineClient
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    name: str
+    version: int
+
+
+class AdapterRoute:
+    """Which adapter new requests name (None: the base), and which ones requests still use."""
+
+    def __init__(self) -> None:
+        self.current: Adapter | None = None
+        self._loaded: set[str] = set()
+        self._in_flight: Counter[str] = Counter()
+
+    @contextmanager
+    def use(self) -> Iterator[Adapter | None]:
+        """The adapter a request names, held as in use until it is answered."""
+        adapter = self.current
+        if adapter is not None:
+            self._in_flight[adapter.name] += 1
+        try:
+            yield adapter
+        finally:
+            if adapter is not None:
+                self._in_flight[adapter.name] -= 1
+
+    async def load(self, engine: EngineClient, version: int, directory: Path) -> Adapter:
+        """Loads `directory` as version `version`'s adapter; requests name it only once `serve` says so."""
+        adapter = Adapter(f"v{version}", version)
+        if adapter.name in self._loaded:  # a version published again (a resumed run): vLLM refuses a known name
+            await engine.unload_adapter(adapter.name)
+            self._loaded.discard(adapter.name)
+        await engine.load_adapter(adapter.name, str(directory))
+        self._loaded.add(adapter.name)
+        return adapter
+
+    async def serve(self, engine: EngineClient, adapter: Adapter) -> None:
+        """New requests name `adapter`; the others no request uses any more are unloaded."""
+        self.current = adapter
+        for name in sorted(self._loaded - {adapter.name}):
+            if self._in_flight[name] == 0:
+                await engine.unload_adapter(name)
+                self._loaded.discard(name)
