@@ -15,14 +15,16 @@ import jax
 import numpy as np
 import pytest
 
+from legorl_jax.core.config import EngineConfig
 from legorl_jax.core.weight_layout import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, checkpoint_digest, read_manifest
 from legorl_jax.core.weight_probe import TOLERANCE
 from legorl_jax.models import CausalLM, from_hf
 from legorl_jax.models.lora import adapted, add_adapters
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_server.backends.served_probe import probe_engine
 
-from .stack import running_server, scripted_server_config
+from .stack import running_server, scripted_server_config, server_config
 
 
 def trained(model_dir: Path, seed: int) -> CausalLM:
@@ -116,3 +118,33 @@ def test_versions_differ_enough_for_the_probe_to_tell(model_dir: Path, published
     p1, p2 = (read_manifest(published[v]).probe for v in ("v1", "v2"))  # type: ignore[union-attr]
     assert p1 is not None and p2 is not None
     assert np.max(np.abs(np.subtract(p1.logprobs, p2.logprobs))) > 100 * TOLERANCE["float32"]
+
+
+def test_an_engine_restarted_on_an_adapter_version_serves_it_merged(
+    model_dir: Path, published: dict[str, Path]
+) -> None:
+    """The host's own embedded engine (a supervised `legorl serve`), killed after loading an
+    adapter version, comes back on the base with the adapter merged (`--lora-adapter`) and
+    passes the version's probe again."""
+    from rollout_server.backends.embedded import embedded_plan
+
+    command = embedded_plan(EngineConfig(kind="embedded", port=8200), model_dir, weights_dir=published["v1"]).command
+    assert command[command.index("--model") + 1] == str(model_dir)
+    assert command[command.index("--lora-adapter") + 1] == str(published["v1"])
+
+    async def main() -> float:
+        config = server_config(**{"engine.kind": "embedded", "sandbox.kind": "local", "tasks.demo": "false"})
+        async with running_server(config, model_dir) as server, grpc.aio.insecure_channel(server.address) as channel:
+            stub = pb_grpc.RolloutServiceStub(channel)
+            await stub.UpdateWeights(pb.UpdateWeightsRequest(version=1, location=str(published["v1"])))
+            engine = server.engine
+            assert engine is not None
+            epoch = engine.epoch()
+            engine.restart("a test kills it")
+            async with engine.client() as client:
+                await client.wait_for_restart(epoch, 180)  # the restart's own probe of version 1 passed
+                result = await probe_engine(client, published["v1"], "float32")
+            assert result is not None
+            return result.max_abs_diff
+
+    assert asyncio.run(main()) < TOLERANCE["float32"] / 10
