@@ -10,12 +10,15 @@ is unloaded at a later update once no request in flight names it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rollout_server.backends.client import EngineClient
+from rollout_server.backends.client import EngineClient, EngineError
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,5 +62,8 @@ class AdapterRoute:
         self.current = adapter
         for name in sorted(self._loaded - {adapter.name}):
             if self._in_flight[name] == 0:
-                await engine.unload_adapter(name)
                 self._loaded.discard(name)
+                try:
+                    await engine.unload_adapter(name)
+                except EngineError as exc:  # an engine restarted since has none of them: nothing to unload
+                    log.warning("unloading adapter %s: %s", name, exc)

@@ -16,15 +16,24 @@ import numpy as np
 import pytest
 
 from legorl_jax.core.config import EngineConfig
-from legorl_jax.core.weight_layout import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, checkpoint_digest, read_manifest
+from legorl_jax.core.weight_layout import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    MANIFEST_FILE,
+    checkpoint_digest,
+    read_manifest,
+)
 from legorl_jax.core.weight_probe import TOLERANCE
 from legorl_jax.models import CausalLM, from_hf
 from legorl_jax.models.lora import adapted, add_adapters
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_server.backends.client import EngineError
 from rollout_server.backends.served_probe import probe_engine
 
 from .stack import running_server, scripted_server_config, server_config
+
+ADAPTER_FILES = sorted([ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, MANIFEST_FILE])  # an adapter version, whole
 
 
 def trained(model_dir: Path, seed: int) -> CausalLM:
@@ -60,7 +69,7 @@ def published(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 def test_an_adapter_version_is_the_adapter_and_names_its_base(model_dir: Path, published: dict[str, Path]) -> None:
     v1 = published["v1"]
-    assert sorted(p.name for p in v1.iterdir()) == sorted([ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, "weights.json"])
+    assert sorted(p.name for p in v1.iterdir()) == ADAPTER_FILES
     manifest = read_manifest(v1)
     assert manifest is not None and manifest.probe is not None
     assert manifest.adapter_base == checkpoint_digest(model_dir) and manifest.base_version is None
@@ -148,3 +157,62 @@ def test_an_engine_restarted_on_an_adapter_version_serves_it_merged(
             return result.max_abs_diff
 
     assert asyncio.run(main()) < TOLERANCE["float32"] / 10
+
+
+def test_an_adapter_version_through_a_kvstore(model_dir: Path, tmp_path: Path) -> None:
+    """Published to a tensorstore kvstore (memory://, as gs://), downloaded whole by the host."""
+    import tensorstore as ts
+
+    from legorl_jax.train.publish import DirectoryPublisher
+    from rollout_server.weights import resolve_location
+
+    context = ts.Context()
+    publisher = DirectoryPublisher("memory://lora/weights", adapter_base=model_dir, context=context)
+    location = publisher.publish(trained(model_dir, seed=1), 1)
+    local = resolve_location(location, tmp_path / "cache", context=context)
+    assert sorted(p.name for p in local.iterdir()) == ADAPTER_FILES
+    manifest = read_manifest(local)
+    assert manifest is not None and manifest.adapter_base == checkpoint_digest(model_dir)
+
+
+class FakeEngine:
+    """Records adapter loads and unloads; an unload of `gone` fails as after an engine restart."""
+
+    def __init__(self, gone: str = "") -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.gone = gone
+
+    async def load_adapter(self, name: str, adapter_dir: str) -> str:
+        self.calls.append(("load", name))
+        return ""
+
+    async def unload_adapter(self, name: str) -> str:
+        self.calls.append(("unload", name))
+        if name == self.gone:
+            raise EngineError(404, f"the adapter {name} cannot be found")
+        return ""
+
+
+def test_an_adapter_is_unloaded_once_no_request_uses_it(tmp_path: Path) -> None:
+    from typing import cast
+
+    from rollout_server.backends.adapters import Adapter, AdapterRoute
+    from rollout_server.backends.client import EngineClient
+
+    async def main() -> list[tuple[str, str]]:
+        fake = FakeEngine(gone="v2")
+        engine = cast(EngineClient, fake)
+        route = AdapterRoute()
+        await route.serve(engine, await route.load(engine, 1, tmp_path))
+        with route.use() as in_flight:  # a request through v1 outlives the switch to v2
+            assert in_flight == Adapter("v1", 1)
+            await route.serve(engine, await route.load(engine, 2, tmp_path))
+            assert route.current == Adapter("v2", 2)
+        await route.serve(engine, await route.load(engine, 3, tmp_path))  # v1 idle now; v2 gone with a restart
+        await route.load(engine, 3, tmp_path)  # version 3 published again: unloaded, then loaded
+        return fake.calls
+
+    assert asyncio.run(main()) == [
+        ("load", "v1"), ("load", "v2"), ("load", "v3"), ("unload", "v1"), ("unload", "v2"),
+        ("unload", "v3"), ("load", "v3"),
+    ]  # fmt: skip
