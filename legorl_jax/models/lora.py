@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from legorl_jax.core.config import LoraTarget
@@ -111,13 +112,16 @@ def merge_adapters(model: CausalLM) -> CausalLM:
 
 def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
     """The adapters as PEFT names them (`base_model.model.<weight's name minus .weight>.lora_A.weight`,
-    A [r, in] and B [out, r] per layer), float32."""
+    A [r, in] and B [out, r] per layer), float32. Multi-process: a collective (adapters sharded
+    across processes are gathered), so every process calls it."""
     out: dict[str, np.ndarray] = {}
     for stem, module in adapted(model):
         template = tensor_map((*stem, "weight")).template.removesuffix(".weight")
         assert module.lora_a is not None and module.lora_b is not None
         for part, var in (("lora_A", module.lora_a), ("lora_B", module.lora_b)):
-            host = np.asarray(jax.device_get(var.get_value()), np.float32)
+            value = var.get_value()
+            whole = value if value.is_fully_addressable else multihost_utils.process_allgather(value, tiled=True)
+            host = np.asarray(jax.device_get(whole), np.float32)
             for layer in range(host.shape[0]):
                 out[f"{PEFT_PREFIX}{template.format(layer=layer)}.{part}.weight"] = np.ascontiguousarray(host[layer])
     return out

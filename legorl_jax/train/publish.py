@@ -83,7 +83,7 @@ from legorl_jax.models import CausalLM, to_hf
 from legorl_jax.models.config import DType
 from legorl_jax.models.hf_io import _hf_tensors
 from legorl_jax.models.logprobs import token_logprobs
-from legorl_jax.models.lora import save_peft
+from legorl_jax.models.lora import peft_tensors, save_peft
 
 log = logging.getLogger(__name__)
 
@@ -408,6 +408,7 @@ class DirectoryPublisher:
     ) -> list[tuple[_Published, PublishStats]]:
         """The adapters as PEFT writes them, and a manifest naming the base they apply to."""
         if jax.process_index() != 0:
+            peft_tensors(model)  # the gathers save_peft makes on process 0
             return []
         assert self._adapter_base is not None
         if self._base_digest is None:

@@ -216,3 +216,37 @@ def test_an_adapter_is_unloaded_once_no_request_uses_it(tmp_path: Path) -> None:
         ("load", "v1"), ("load", "v2"), ("load", "v3"), ("unload", "v1"), ("unload", "v2"),
         ("unload", "v3"), ("load", "v3"),
     ]  # fmt: skip
+
+
+def test_a_relay_chain_delivers_an_adapter_version(model_dir: Path, published: dict[str, Path], tmp_path: Path) -> None:
+    """Streamed once, down a chain of three weights-only hosts on the run's base, plus one on
+    another base, which refuses it while the hosts after it still get it."""
+    from legorl_jax.core.weight_layout import read_tensors
+    from legorl_jax.train.weight_stream import WeightStreamer
+    from rollout_server.weight_host import MemoryEngine, start
+
+    other = published["v4"].parent.parent / "other"  # the base version 4 was trained on
+
+    async def main() -> tuple[dict[str, int], list[int]]:
+        bases = [model_dir, other, model_dir, model_dir]
+        hosts = [await start(tmp_path / f"host{i}", base=base) for i, base in enumerate(bases)]
+        try:
+            loaded = await WeightStreamer([address for _, address, _ in hosts], relay=True).update_weights(
+                2, str(published["v2"])
+            )
+            engines = [service.engine for _, _, service in hosts]
+            expected = read_tensors(published["v2"])
+
+            def holds_v2(engine: object) -> bool:
+                assert isinstance(engine, MemoryEngine)
+                held = engine.tensors
+                return held.keys() == expected.keys() and all(np.array_equal(held[k], v) for k, v in expected.items())
+
+            same = [int(holds_v2(e)) for e in engines]
+            return {address: loaded.get(address, -1) for _, address, _ in hosts}, same
+        finally:
+            for server, _, _ in hosts:
+                await server.stop(None)
+
+    loaded, same = asyncio.run(main())
+    assert list(loaded.values()) == [2, -1, 2, 2] and same == [1, 0, 1, 1]
