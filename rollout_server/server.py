@@ -211,8 +211,6 @@ class RolloutServer:
             token_route=self.engine.token_route,
         )
         self._clients.append(core.engine)
-        # A vLLM with LoRA serves adapter versions by name, through the proxy's requests.
-        lora_by_name = cfg.engine.kind == "vllm" and "--enable-lora" in cfg.engine.extra_args
         app = build_app(core, keepalive_s=cfg.proxy.keepalive_s, max_request_bytes=cfg.proxy.max_request_bytes)
         self._proxy = _ProxyServer(
             uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=_PROXY_SHUTDOWN_S)
@@ -252,7 +250,8 @@ class RolloutServer:
             relay_security=client_security(cfg.fleet.security),
             engine_dtype=self.engine.dtype,
             base_weights=self.model_dir,
-            adapters=core.engine.adapters if lora_by_name else None,
+            # A vLLM with LoRA serves adapter versions by name, which the proxy's requests give.
+            adapters=core.engine.adapters if self.engine.adapters_by_name else None,
         )
         # Streamed weights carry tokenizer files whole in their header (Qwen3's is ~11 MB).
         self._grpc = grpc.aio.server(

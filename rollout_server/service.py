@@ -501,12 +501,17 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
     ) -> tuple[ProbeResult | None, str]:
         """Loads the adapter under its own name and probes through it; new requests name it only once
         it passed, while requests in flight finish on the adapter they named (`AdapterRoute`)."""
+        watch = self.engine.watch
+        epoch = 0 if watch is None else watch.epoch()
         loaded = await adapters.load(self.engine, version, directory)
         probe = None
         if self.check_probe:
             probe = await probe_engine(self.engine, directory, self.engine_dtype, model=loaded.name)
         if probe is not None and not probe.passed:
             raise ProbeFailed(failure(probe, directory, "serving the adapter"))
+        # A restart comes back on the base with this adapter (`vllm_plan`), unless one came meanwhile.
+        if watch is not None and not watch.record(epoch, str(directory), str(version)):
+            raise EngineError(0, f"the engine restarted while loading {directory}", "EngineRestarted")
         await adapters.serve(self.engine, loaded)
         return probe, "adapter"
 

@@ -4,7 +4,8 @@ Each adapter version of a LoRA run is loaded under its own name, `v{version}`,
 and new requests name the newest. A request is sampled from its first token
 to its last by the adapter it named, so all its tokens carry that adapter's
 version, whatever label the engine gives its base weights. An older adapter
-is unloaded at a later update once no request in flight names it.
+is unloaded at a later update once no request in flight names it. A restarted
+vLLM is launched with the current one (`--lora-modules`, `vllm_plan`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from legorl_jax.core.weight_layout import read_manifest
 from rollout_server.backends.client import EngineClient, EngineError
 
 log = logging.getLogger(__name__)
+
+
+def adapter_name(version: int) -> str:
+    return f"v{version}"
+
+
+def installed_adapter(weights_dir: str | Path | None) -> Adapter | None:
+    """The adapter version in `weights_dir`, if it holds one (a LoRA run's published version)."""
+    manifest = None if weights_dir is None else read_manifest(Path(weights_dir))
+    if manifest is None or manifest.adapter_base is None:
+        return None
+    return Adapter(adapter_name(manifest.version), manifest.version)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +63,7 @@ class AdapterRoute:
 
     async def load(self, engine: EngineClient, version: int, directory: Path) -> Adapter:
         """Loads `directory` as version `version`'s adapter; requests name it only once `serve` says so."""
-        adapter = Adapter(f"v{version}", version)
+        adapter = Adapter(adapter_name(version), version)
         if adapter.name in self._loaded:  # a version published again (a resumed run): vLLM refuses a known name
             await engine.unload_adapter(adapter.name)
             self._loaded.discard(adapter.name)

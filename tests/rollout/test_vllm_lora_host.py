@@ -2,8 +2,8 @@
 run's adapter versions in turn: each published as the adapter alone, loaded under its own
 name (`rollout_server.backends.adapters`), probed through it, and named by the proxy's
 requests, whose tokens carry its version and the learner's logprobs (JAX, float32, base +
-adapter); the adapter before is unloaded once no request uses it. No Docker: the proxy's
-engine client is called directly.
+adapter); the adapter before is unloaded once no request uses it. A vLLM the host restarts
+comes back serving the current adapter. No Docker: the proxy's engine client is called directly.
 """
 
 from __future__ import annotations
@@ -50,25 +50,40 @@ def test_a_host_serves_adapter_versions_in_turn(tmp_path: Path) -> None:
     })  # fmt: skip
     sampling = CompletionParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=12, stop_token_ids=(), seed=7)
 
-    async def main() -> dict[int, tuple[pb.UpdateWeightsResponse, list[int], list[float], list[int], list[str]]]:
-        out = {}
+    Result = tuple[pb.UpdateWeightsResponse | None, list[int], list[float], list[int], list[str]]
+
+    async def main() -> list[tuple[int, Result]]:
+        out = []
         async with running_server(config, base) as server:
+            engine = server.engine
+            assert engine is not None
             proxy = next(c for c in server._clients if isinstance(c, ProxyEngineClient))
             async with grpc.aio.insecure_channel(server.address) as channel, httpx.AsyncClient() as http:
+
+                async def sample(version: int, reply: pb.UpdateWeightsResponse | None) -> tuple[int, Result]:
+                    done = await proxy.complete(prompt, sampling)
+                    served = (await http.get(f"{engine.url}/v1/models")).json()["data"]
+                    assert done.versions is not None
+                    return version, (reply, list(done.token_ids), list(done.logprobs), list(done.versions),
+                                     sorted(m["id"] for m in served))  # fmt: skip
+
                 stub = pb_grpc.RolloutServiceStub(channel)
                 for version, location in published.items():
                     reply = await stub.UpdateWeights(pb.UpdateWeightsRequest(version=version, location=location))
-                    done = await proxy.complete(prompt, sampling)
-                    served = (await http.get(f"{server.engine.url}/v1/models")).json()["data"]
-                    assert done.versions is not None
-                    out[version] = (reply, list(done.token_ids), list(done.logprobs), list(done.versions),
-                                    sorted(m["id"] for m in served))  # fmt: skip
+                    out.append(await sample(version, reply))
+                epoch = engine.epoch()
+                engine.restart("a test kills it")
+                async with engine.client() as client:
+                    await client.wait_for_restart(epoch, 300)  # its own probe, through the adapter, passed
+                out.append(await sample(2, None))
         return out
 
     results = asyncio.run(main())
-    for version, (reply, tokens, logprobs, versions, served) in results.items():
-        assert reply.loaded_version == version and reply.update_path == "adapter"
-        assert 0 <= reply.probe_max_abs_diff < TOLERANCE
+    assert [version for version, _ in results] == [1, 2, 2]
+    for version, (reply, tokens, logprobs, versions, served) in results:
+        if reply is not None:
+            assert reply.loaded_version == version and reply.update_path == "adapter"
+            assert 0 <= reply.probe_max_abs_diff < TOLERANCE
         assert versions == [version] * len(tokens)
         ours = np.asarray(token_logprobs(models[version], jnp.asarray([prompt + tokens])))[0, len(prompt) - 1 :]
         assert np.max(np.abs(ours - np.asarray(logprobs))) < TOLERANCE
