@@ -19,6 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "legorl_jax.commands.collect_cmd",
         "a teacher's episodes on tasks and harness configurations, filtered, as a rollouts directory",
     ),
+    "sft": (
+        "legorl_jax.commands.sft_cmd",
+        "supervised fine-tuning on rollouts directories: the sampled tokens' NLL, an HF model at the end",
+    ),
     "plot": ("legorl_jax.commands.plot_cmd", "redraw a run's reward plot and per-harness table from its metrics.jsonl"),
     "view": ("legorl_jax.commands.view_cmd", "browse a run in a local web app: curves, rollouts, trajectories, live"),
     "config": ("legorl_jax.commands.config_cmd", "show the resolved run config or its JSON schema"),
@@ -68,12 +72,16 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         name = f"legorl {args.command}"
         from legorl_jax.core.config import ConfigError
+        from legorl_jax.core.errors import InputError
 
         try:
             return int(importlib.import_module(args._module).run(args) or 0)
         except ConfigError as exc:
             print(f"{name}: {exc}", file=sys.stderr)
             return 2
+        except InputError as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            return 1
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130

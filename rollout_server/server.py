@@ -23,12 +23,13 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import grpc
 import uvicorn
 
 from legorl_jax.core import log_redaction
-from legorl_jax.core.config import Config, ConfigError, EngineConfig
+from legorl_jax.core.config import CHAT_ENGINE_KINDS, Config, ConfigError, EngineConfig
 from legorl_jax.core.grpc_auth import SERVER_KEEPALIVE_OPTIONS, client_security, server_security
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 from rollout_server.backends.client import EngineClient, EngineError
@@ -42,6 +43,9 @@ from rollout_server.sandbox.factory import SandboxFactory
 from rollout_server.service import RolloutService, ServiceLimits
 from rollout_server.tasks import DEMO_TASKS_DIR, Task, load_tasks
 from rollout_server.trial import TrialHost
+
+if TYPE_CHECKING:  # the providers' SDKs load only where a chat teacher is the engine
+    from rollout_server.proxy.chat_teacher import ChatTeacher
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +158,7 @@ class RolloutServer:
         self._proxy: _ProxyServer | None = None
         self._proxy_task: asyncio.Task[None] | None = None
         self._factory: SandboxFactory | None = None
-        self._clients: list[EngineClient | ProxyEngineClient] = []
+        self._clients: list[EngineClient | ProxyEngineClient | ChatTeacher] = []
         self._weights_dir: tempfile.TemporaryDirectory[str] | None = None
         self._tools: HarnessTools | None = None
 
@@ -170,22 +174,17 @@ class RolloutServer:
             )
         tasks = server_tasks(cfg)
         self._tools = HarnessTools.from_config(cfg.sandbox.harness_tools)  # a bad path fails before the engine starts
-        launch = asyncio.ensure_future(
-            asyncio.to_thread(start_engine, cfg.engine, self.model_dir, health_timeout=cfg.engine.startup_timeout_s)
-        )
-        try:
-            self.engine = await asyncio.shield(launch)
-        except asyncio.CancelledError:
-            # The launching thread runs on until the engine is up (or failed): keep what it
-            # started, so that stop() stops it rather than leaving an engine nobody owns.
-            with contextlib.suppress(Exception):
-                self.engine = await launch
-            raise
-        engine = self.engine.client()
-        self._clients.append(engine)
-        served, context = await served_model_and_context(engine, cfg.engine)
-        await engine.label_weights("0")  # the policy version its tokens carry until the first UpdateWeights
-        self.engine.record(self.engine.epoch(), str(self.model_dir), "0")  # and again after a restart before then
+        if cfg.engine.kind in CHAT_ENGINE_KINDS:
+            from rollout_server.proxy.chat_teacher import TeacherEngine, chat_teacher, teacher_context
+
+            teacher = chat_teacher(cfg.engine)  # a key named but unset fails here
+            # The service's engine: no weights to update, no epochs; the proxy calls the teacher itself.
+            engine = cast(EngineClient, TeacherEngine(teacher))
+            served, context = teacher.model, teacher_context(cfg.engine, self.model_dir)
+            proxied: str | ChatTeacher = teacher
+        else:
+            engine, served, context = await self._launch()
+            proxied = engine.base_url
 
         loopback = _bind(cfg.proxy.host, cfg.proxy.port)
         proxy_port = loopback.getsockname()[1]
@@ -203,12 +202,12 @@ class RolloutServer:
 
         core = build_core(
             self.model_dir,
-            self.engine.url,
+            proxied,
             served_model=served,
             max_context=context,
             config=cfg.proxy,
-            unit_temperature_prompt_logprobs=self.engine.unit_temperature_prompt_logprobs,
-            token_route=self.engine.token_route,
+            unit_temperature_prompt_logprobs=engine.unit_temperature_prompt_logprobs,
+            token_route=engine.token_route,
         )
         self._clients.append(core.engine)
         app = build_app(core, keepalive_s=cfg.proxy.keepalive_s, max_request_bytes=cfg.proxy.max_request_bytes)
@@ -224,7 +223,7 @@ class RolloutServer:
             core.model_name,
             policy_version=0,
             engine_healthy=engine.healthy,
-            engine_epoch=self.engine.epoch,
+            engine_epoch=None if self.engine is None else self.engine.epoch,
             harness_tools=self._tools,
         )
         limits = ServiceLimits(
@@ -237,6 +236,9 @@ class RolloutServer:
             weights_idle_timeout_s=cfg.fleet.weights_idle_timeout_s,
             engine_restart_timeout_s=cfg.engine.startup_timeout_s,
         )
+        adapters = None  # a vLLM with LoRA serves adapter versions by name, which the proxy's requests give
+        if isinstance(core.engine, ProxyEngineClient) and self.engine is not None and self.engine.adapters_by_name:
+            adapters = core.engine.adapters
         self._weights_dir = tempfile.TemporaryDirectory(prefix="legorl-weights-")
         self.service = RolloutService(
             host,
@@ -248,10 +250,9 @@ class RolloutServer:
             weights_roots=weights_roots(cfg),
             # A relayed weight stream goes to another server of the fleet, which wants the fleet's token and TLS.
             relay_security=client_security(cfg.fleet.security),
-            engine_dtype=self.engine.dtype,
+            engine_dtype=None if self.engine is None else self.engine.dtype,
             base_weights=self.model_dir,
-            # A vLLM with LoRA serves adapter versions by name, which the proxy's requests give.
-            adapters=core.engine.adapters if self.engine.adapters_by_name else None,
+            adapters=adapters,
         )
         # Streamed weights carry tokenizer files whole in their header (Qwen3's is ~11 MB).
         self._grpc = grpc.aio.server(
@@ -271,13 +272,34 @@ class RolloutServer:
             "rollout server on %s (%s): engine %s (%s), proxy port %d, %s sandboxes, %d tasks",
             self.address,
             security.describe(),
-            self.engine.url,
+            engine.base_url,
             served,
             proxy_port,
             self._factory.kind,
             len(tasks),
         )
         return self.address
+
+    async def _launch(self) -> tuple[EngineClient, str, int]:
+        """Starts (or, for `external`, points at) the engine; its client, served model and context."""
+        cfg = self.config.engine
+        launch = asyncio.ensure_future(
+            asyncio.to_thread(start_engine, cfg, self.model_dir, health_timeout=cfg.startup_timeout_s)
+        )
+        try:
+            self.engine = await asyncio.shield(launch)
+        except asyncio.CancelledError:
+            # The launching thread runs on until the engine is up (or failed): keep what it
+            # started, so that stop() stops it rather than leaving an engine nobody owns.
+            with contextlib.suppress(Exception):
+                self.engine = await launch
+            raise
+        engine = self.engine.client()
+        self._clients.append(engine)
+        served, context = await served_model_and_context(engine, cfg)
+        await engine.label_weights("0")  # the policy version its tokens carry until the first UpdateWeights
+        self.engine.record(self.engine.epoch(), str(self.model_dir), "0")  # and again after a restart before then
+        return engine, served, context
 
     async def stop(self, grace_s: float = 60.0) -> None:
         """Drains for at most `grace_s`, cancels the trials still running (they stream out as CANCELLED),

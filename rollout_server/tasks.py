@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from legorl_jax.core.errors import InputError
+
 log = logging.getLogger(__name__)
 
 DEMO_TASKS_DIR = Path(__file__).resolve().parent / "demo_tasks"
@@ -26,7 +28,7 @@ _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECAS
 _MEMORY_UNIT_MB = {"": 1 / (1024 * 1024), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
-class TaskError(ValueError):
+class TaskError(ValueError, InputError):
     """A task that cannot be used; the message says where and why."""
 
     def __init__(self, task_dir: Path | str, file: str, problem: str) -> None:

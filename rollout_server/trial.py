@@ -338,6 +338,7 @@ def _fill_capture(out: pb.Trajectory, capture: CapturedTrajectory) -> None:
                 version_runs=runs,
                 version_run_lengths=lengths,
                 unreported_version_tokens=seq.unreported_versions,
+                rerendered=any(capture.calls[i].rerendered for i in seq.calls),
             )
         )
     out.metrics.model_calls = metrics["model_calls"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -82,3 +83,14 @@ def test_ctrl_c_during_start_up_ends_quietly_however_a_library_takes_it(how: str
     assert done.returncode == 130, done.stderr
     assert "Traceback" not in done.stderr and "went on" not in done.stdout, done.stderr
     assert done.stderr.startswith("legorl fake: interrupted"), done.stderr
+
+
+def test_what_the_user_fixes_is_one_error_not_a_traceback(tmp_path: Path) -> None:
+    """`InputError`s (here a task that is no task, a model directory that is none) print their message alone."""
+    task = legorl("eval", "--model", str(tmp_path), "--tasks", str(tmp_path / "none"))
+    assert task.returncode == 1, task.stderr
+    assert task.stderr.startswith(f"legorl eval: task {tmp_path / 'none'}: ") and "Traceback" not in task.stderr
+    engine = legorl("eval", "--model", str(tmp_path / "missing"))  # the demo's tasks
+    assert engine.returncode == 1, engine.stderr
+    assert engine.stderr.startswith("legorl eval: the engine exited with code 1 before becoming healthy")
+    assert "no config.json" in engine.stderr and "Traceback" not in engine.stderr.split("last output:")[0]

@@ -192,3 +192,19 @@ def test_train_and_eval_still_default_to_the_demo() -> None:
     for argv in (("train",), ("eval", "--model", "m"), ("config", "show")):
         config = _command_config(*argv)
         assert config.proxy == demo.proxy and config.engine.max_context == 2048, argv
+
+
+def test_a_chat_teacher_engine_names_its_server_model_and_key_variable() -> None:
+    teacher = ["engine.kind=anthropic", "engine.url=http://t", "engine.teacher_model=m", "engine.api_key_env=K"]
+    engine = load_config(None, teacher).engine
+    assert (engine.kind, engine.url, engine.teacher_model, engine.api_key_env) == ("anthropic", "http://t", "m", "K")
+    with pytest.raises(ConfigError, match="kind 'openai_chat' needs url and teacher_model"):
+        load_config(None, ["engine.kind=openai_chat", "engine.url=http://t"])
+    with pytest.raises(ConfigError, match="teacher_model, api_key_env: settings of a chat teacher"):
+        load_config(
+            None, ["engine.kind=external", "engine.url=http://t", "engine.teacher_model=m", "engine.api_key_env=K"]
+        )
+    with pytest.raises(
+        ConfigError, match="max_chunk: options of an engine this process launches, not of kind 'anthropic'"
+    ):
+        load_config(None, [*teacher, "engine.max_chunk=64"])

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from legorl_jax.commands import add_config_arguments, load_command_config, raise_if_interrupted
 from legorl_jax.core import log_redaction
+from legorl_jax.core.config import CHAT_ENGINE_KINDS, ConfigError
 
 if TYPE_CHECKING:
     from legorl_jax.train.loop import Trainer
@@ -69,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     from legorl_jax.wiring import trainer as build_trainer
 
     config = load_command_config(args)
+    if config.engine.kind in CHAT_ENGINE_KINDS:
+        raise ConfigError(
+            f"engine.kind {config.engine.kind}: a chat teacher's turns are re-rendered, not sampled by the policy, "
+            "and carry no logprobs, so RL cannot train on them; collect them for fine-tuning (`legorl collect`)"
+        )
     log_redaction.configure(logging.WARNING)
     logging.getLogger("legorl_jax").setLevel(logging.INFO)
     if args.verbose:

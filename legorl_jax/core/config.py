@@ -198,7 +198,9 @@ class SamplingConfig(Strict):
 
 class RLConfig(Strict):
     advantage: str = Field("grpo", description="Advantage estimator (registry name): grpo, dr_grpo, rloo.")
-    loss: str = Field("ppo_clip", description="Policy loss (registry name): ppo_clip, gspo, cispo.")
+    loss: str = Field(
+        "ppo_clip", description="Policy loss (registry name): ppo_clip, gspo, cispo; nll is `legorl sft`'s."
+    )
     aggregation: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.28, ge=0, description="DAPO clip-higher upper bound.")
@@ -219,11 +221,31 @@ class RLConfig(Strict):
     sampling: SamplingConfig = SamplingConfig()
 
 
+# Engine kinds that are chat teachers: called through a chat API, their answers re-rendered as student tokens.
+CHAT_ENGINE_KINDS = ("openai_chat", "anthropic")
+
+
 class EngineConfig(Strict):
-    kind: Literal["embedded", "vllm", "external"] = Field(
-        "embedded", description="embedded: our JAX engine; vllm: launch vllm serve; external: use url as is."
+    kind: Literal["embedded", "vllm", "external", "openai_chat", "anthropic"] = Field(
+        "embedded",
+        description="embedded: our JAX engine; vllm: launch vllm serve; external: use url as is (vLLM's token "
+        "surface); openai_chat / anthropic: a chat teacher at url, called through its OpenAI Chat Completions or "
+        "Anthropic Messages API, whose answers are recorded re-rendered with the student's chat template (no "
+        "logprobs: episodes for supervised fine-tuning, never for RL).",
     )
-    url: str | None = Field(None, description="Engine base URL (external), or filled in once launched.")
+    url: str | None = Field(
+        None,
+        description="Engine base URL (external, openai_chat, anthropic: the server's root, without /v1), or filled "
+        "in once launched.",
+    )
+    teacher_model: str | None = Field(
+        None, description="openai_chat / anthropic: the model name the teacher's API is asked for."
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="openai_chat / anthropic: environment variable holding the teacher's API key (sent as a "
+        "Bearer token, or x-api-key), never the YAML; unset: the placeholder EMPTY, for servers that take none.",
+    )
     host: str = "127.0.0.1"
     port: int = Field(
         0,
@@ -238,7 +260,8 @@ class EngineConfig(Strict):
         description="Context (prompt + completion) a launched engine serves (--max-model-len); default: the "
         "model's own (config.json's max_position_embeddings), as `legorl serve` and `vllm serve` do, so a "
         "harness's 20k-token prompt fits a real checkpoint. With kind external the engine's own /v1/models "
-        "max_model_len is used instead.",
+        "max_model_len is used instead; with a chat teacher it bounds the prompt in the student's tokens "
+        "(default: the student model's own).",
     )
     startup_timeout_s: float = Field(
         900.0,
@@ -278,11 +301,17 @@ class EngineConfig(Strict):
         fields = type(self).model_fields
         launched = ("dtype", "kv_cache_dtype", "kv_cache_memory_bytes", "enable_prefix_caching", "max_chunk")
         stray = [n for n in launched if getattr(self, n) != fields[n].default]
-        if self.kind == "external" and stray:
+        if self.kind not in ("embedded", "vllm") and stray:
             raise ValueError(
-                f"{', '.join(stray)}: options of an engine this process launches, not of kind 'external' "
+                f"{', '.join(stray)}: options of an engine this process launches, not of kind {self.kind!r} "
                 "(set them where that engine is started)"
             )
+        chat = self.kind in CHAT_ENGINE_KINDS
+        if chat and not (self.url and self.teacher_model):
+            raise ValueError(f"kind {self.kind!r} needs url and teacher_model (the teacher's server and model)")
+        given = [n for n in ("teacher_model", "api_key_env") if getattr(self, n) is not None]
+        if not chat and given:
+            raise ValueError(f"{', '.join(given)}: settings of a chat teacher (kind openai_chat or anthropic)")
         if self.kind == "vllm" and "max_chunk" in stray:
             raise ValueError(
                 "max_chunk: vLLM has no per-step prefill chunk of this meaning (its --max-num-batched-tokens "
@@ -515,6 +544,20 @@ class LoggingConfig(Strict):
     )
 
 
+class SupervisedConfig(Strict):
+    """`legorl sft`: supervised fine-tuning on rollouts directories (the learner, optimizer and
+    checkpoints are the `learner:` section's; the loss is the sampled tokens' NLL)."""
+
+    epochs: int = Field(1, gt=0, description="Passes over the kept episodes' sequences (unless steps is set).")
+    steps: int | None = Field(None, gt=0, description="Optimizer steps; None: as many as `epochs` take.")
+    batch_size: int = Field(8, gt=0, description="Sequences per optimizer step.")
+    evaluate: bool = Field(
+        True,
+        description="Held-out evaluation (tasks.eval, or the demo's held-out variants) of the starting and the "
+        "fine-tuned model, on a rollout server in this process; skipped when the config has no held-out tasks.",
+    )
+
+
 class Config(Strict):
     seed: int = Field(
         0,
@@ -532,6 +575,7 @@ class Config(Strict):
     tasks: TasksConfig = TasksConfig()
     fleet: FleetConfig = FleetConfig()
     logging: LoggingConfig = LoggingConfig()
+    sft: SupervisedConfig = SupervisedConfig()
 
     @model_validator(mode="after")
     def _adapter_versions_whole(self) -> Config:

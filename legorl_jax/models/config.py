@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from legorl_jax.core.errors import InputError
+
 Architecture = Literal["qwen3", "qwen3_moe", "qwen2", "llama"]
 DType = Literal["float32", "bfloat16"]
 Remat = Literal["none", "full", "dots_saveable"]
@@ -27,7 +29,7 @@ _HF_CLASS = {
 _PASSTHROUGH = ("bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings")
 
 
-class UnsupportedConfigError(ValueError):
+class UnsupportedConfigError(ValueError, InputError):
     """An HF config field has a value this implementation does not reproduce."""
 
     def __init__(self, field: str, value: Any, why: str) -> None:

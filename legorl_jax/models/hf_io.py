@@ -25,6 +25,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
+from legorl_jax.core.errors import InputError
 from legorl_jax.core.safetensors_io import SafetensorsFile, read_blocks, save_file
 from legorl_jax.models.config import AttentionKernel, DType, ModelConfig, Remat, from_hf_config, to_hf_config
 from legorl_jax.models.hf_names import IGNORED_HF_SUFFIXES, TensorMap, tensor_map
@@ -48,7 +49,7 @@ _TOKENIZER_FILES = (
 )
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ValueError, InputError):
     """An HF checkpoint directory is missing files or tensors, or has unexpected ones."""
 
 

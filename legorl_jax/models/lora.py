@@ -25,6 +25,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from legorl_jax.core.config import LoraTarget
+from legorl_jax.core.errors import InputError
 from legorl_jax.core.safetensors_io import SafetensorsFile, save_file
 from legorl_jax.models.hf_names import tensor_map
 from legorl_jax.models.linear import Linear
@@ -35,7 +36,7 @@ TARGETS: tuple[str, ...] = get_args(LoraTarget)  # every projection an adapter m
 PEFT_PREFIX = "base_model.model."  # where PEFT's LoraModel puts the wrapped model's own names
 
 
-class LoraError(ValueError):
+class LoraError(ValueError, InputError):
     """Adapters asked for that this model cannot take."""
 
 

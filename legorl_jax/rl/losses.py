@@ -113,6 +113,13 @@ def cispo(inputs: PolicyInputs, cfg: RLConfig) -> tuple[Array, dict[str, Array]]
     return loss, _clip_metrics(ratio, inputs.advantages, cfg)
 
 
+@register_loss("nll")
+def nll(inputs: PolicyInputs, cfg: RLConfig) -> tuple[Array, dict[str, Array]]:
+    """Supervised fine-tuning (`legorl sft`): the negative log-likelihood of the loss-mask
+    tokens, with no advantage and no ratio (behaviour logprobs are not read)."""
+    return -inputs.logprobs, {}
+
+
 def kl_penalty(logprobs: Array, ref_logprobs: Array, estimator: str) -> Array:
     """Schulman's estimators of KL(π_θ ‖ π_ref) from samples of π_θ."""
     log_r = ref_logprobs - logprobs

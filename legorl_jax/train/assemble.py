@@ -61,6 +61,20 @@ def rollout_metrics(groups: list[GroupResult]) -> dict[str, float]:
     return out
 
 
+def refuse_rerendered(groups: list[GroupResult]) -> None:
+    """RL trains on the policy's own samples: a chat teacher's re-rendered turns
+    (engine.kind openai_chat / anthropic on a rollout server) have no behaviour
+    logprobs, and their IS ratios would be made up. Refused, naming the server's setting."""
+    for group in groups:
+        for t in group.trajectories:
+            if any(seq.rerendered for seq in t.sequences):
+                raise ValueError(
+                    f"a trajectory of task {t.task_id} holds a chat teacher's re-rendered turns (a rollout server "
+                    "with engine.kind openai_chat or anthropic): RL trains only on the policy's own samples; "
+                    "collect a teacher's episodes with `legorl collect` instead"
+                )
+
+
 def assemble(
     groups: list[GroupResult], estimator: str, *, min_policy_version: int = 0, include_side_calls: bool = False
 ) -> Assembled:
@@ -68,6 +82,7 @@ def assemble(
     The lag bound applies per token: a token sampled by a policy older than
     `min_policy_version` leaves the loss (masked), a sequence with none left is
     dropped, and a trajectory with none left leaves its group's baseline too."""
+    refuse_rerendered(groups)
     stats = VersionStats()
     stale = 0
     rewards: list[list[float | None]] = []

@@ -28,11 +28,12 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from legorl_jax.core.config import CheckpointConfig
+from legorl_jax.core.errors import InputError
 from legorl_jax.models.orbax_io import checkpoint_root
 from legorl_jax.train.step import Learner
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(ValueError, InputError):
     """A checkpoint that this run's learner cannot take up (it trained other parameters)."""
 
 

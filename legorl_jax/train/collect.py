@@ -6,7 +6,10 @@ supervised fine-tuning takes in.
 Token exactness: the proxy records the ids the engine sampled under the chat
 template of the model directory it was started with, so the episodes are the
 student's tokens only when teacher and student share that tokenizer. The
-directory's `collect.json` says which tokenizer the ids are in.
+directory's `collect.json` says which tokenizer the ids are in. A chat teacher
+(engine.kind openai_chat / anthropic) gives messages: they are recorded as the
+student's template writes them (each sequence's `rerendered`, and the source's
+`tokens`), without logprobs; such episodes are for fine-tuning, not RL.
 """
 
 from __future__ import annotations
@@ -25,12 +28,16 @@ from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import Fleet
 from legorl_jax.train.groups import HarnessChoice, group_spec
 from legorl_jax.train.harness_metrics import PASS_THRESHOLD
-from legorl_jax.train.rollout_log import ROLLOUTS_FILE, RolloutLog
+from legorl_jax.train.rollout_log import ROLLOUTS_FILE, RolloutLog, status_name
 from protos.legorl.v1 import rollout_pb2 as pb
 
 MANIFEST_FILE = "collect.json"
+# What collect.json's source says of a chat teacher's episodes.
+RERENDERED = "re-rendered with the student's template"
+_ERRORS_LISTED = 10  # distinct causes of broken trials collect.json names
 # The ends a rollout server has its verifier grade (the policy's own doing: done, out of time, out of budget).
 GRADED = frozenset({pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED})
+GRADED_NAMES = frozenset(map(status_name, GRADED))  # as a rollouts directory writes them
 
 
 def passed(trajectory: pb.Trajectory) -> bool:
@@ -57,11 +64,16 @@ class Keep:
             raise ValueError(f"the per-task cap must be at least 1, got {self.per_task}")
 
     def admits(self, trajectory: pb.Trajectory) -> bool:
-        if not trajectory.HasField("reward") or trajectory.status not in GRADED:
+        reward = trajectory.reward if trajectory.HasField("reward") else None
+        return self.admits_outcome(status_name(trajectory.status), reward)
+
+    def admits_outcome(self, status: str, reward: float | None) -> bool:
+        """`admits` on a trajectory's outcome as `rollouts.jsonl` records it (status name, reward or None)."""
+        if reward is None or status not in GRADED_NAMES:
             return False
-        if self.passing_only and not passed(trajectory):
+        if self.passing_only and reward < PASS_THRESHOLD:
             return False
-        return self.min_reward is None or trajectory.reward >= self.min_reward
+        return self.min_reward is None or reward >= self.min_reward
 
     def select(self, trajectories: Sequence[pb.Trajectory]) -> list[pb.Trajectory]:
         """The admitted episodes, capped per task (highest reward first, then run order)."""
@@ -114,7 +126,9 @@ async def collect(
     kept = keep.select(trajectories)
     log = RolloutLog(out_dir, tokenizer_dir, resume_step=0)
     await asyncio.to_thread(log.write, 0, "collect", kept)
-    statuses = Counter(pb.TrialStatus.Name(t.status).removeprefix("TRIAL_STATUS_").lower() for t in trajectories)
+    statuses = Counter(status_name(t.status) for t in trajectories)
+    # Why the ungraded trials broke (a refused key, an engine down): the most common causes, with their counts.
+    errors = Counter(t.error for t in trajectories if t.status not in GRADED and t.error)
     manifest = {
         "source": source,
         "tokenizer": str(tokenizer_dir),
@@ -124,6 +138,7 @@ async def collect(
         "filter": dataclasses.asdict(keep),
         "trials": len(trajectories),
         "statuses": dict(sorted(statuses.items())),
+        "errors": dict(errors.most_common(_ERRORS_LISTED)),
         "passed": sum(map(passed, trajectories)),
         "kept": len(kept),
     }

@@ -44,7 +44,7 @@ import numpy as np
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from legorl_jax.core.config import Config, dump_config
+from legorl_jax.core.config import Config, ConfigError, dump_config
 from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import Fleet, GroupResult, LocalServer, configured_fleet
 from legorl_jax.models import CausalLM, from_hf
@@ -65,7 +65,7 @@ from legorl_jax.train.publish import (
     publish_weights,
 )
 from legorl_jax.train.rollout_log import RolloutLog
-from legorl_jax.train.run_log import RunLog
+from legorl_jax.train.run_log import SFT_MODEL_DIR, SFT_RUN_FILE, RunLog
 from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
 from legorl_jax.train.weight_stream import WeightStreamer
@@ -191,6 +191,13 @@ class Trainer:
         self.config = config
         self.inputs = inputs
         self.run_dir = run_directory(config)
+        if config.rl.loss == "nll":
+            raise ConfigError("rl.loss: nll is legorl sft's loss (no advantage, no ratio); RL trains with another")
+        if (self.run_dir / SFT_RUN_FILE).exists():  # its checkpoints would be resumed as this run's
+            raise ConfigError(
+                f"logging.run_name: {self.run_dir} holds a `legorl sft` run; name another "
+                f"(to start from its model, set model.path={self.run_dir / SFT_MODEL_DIR})"
+            )
         # A gs:// URL stays a string: a Path would turn it into a local `gs:/...` directory.
         self.checkpoint_dir: str | Path = config.learner.checkpoint.directory or self.run_dir / "checkpoints"
         self.progress = config.logging.progress if progress is None else progress
@@ -338,7 +345,7 @@ class Trainer:
         kept = self.step if restored is not None else -1
         runlog = RunLog(self.run_dir, resume_step=kept, tensorboard=cfg.logging.tensorboard)
         self.rollouts = RolloutLog(self.run_dir, model_dir, resume_step=kept, tokens=cfg.logging.rollout_tokens)
-        progress = _progress(cfg.total_steps, self.step, self.progress)
+        progress = progress_bar(cfg.total_steps, self.step, self.progress)
         try:
             async with self.fleet_session(model_dir) as fleet:
                 subscribers = self._subscribers(fleet)
@@ -518,8 +525,9 @@ async def _first_failure(work: Coroutine[Any, Any, T], watch: Coroutine[Any, Any
         await asyncio.gather(task, watcher, return_exceptions=True)
 
 
-def _progress(total: int, done: int, enabled: bool):
-    return tqdm(total=total, initial=done, desc="train", unit="step", disable=not enabled, dynamic_ncols=True)
+def progress_bar(total: int, done: int, enabled: bool, desc: str = "train") -> tqdm:
+    """The steps' progress bar (`legorl train`, `legorl sft`)."""
+    return tqdm(total=total, initial=done, desc=desc, unit="step", disable=not enabled, dynamic_ncols=True)
 
 
 def _publish_metrics(stats: PublishStats | None, published: PublishReport) -> dict[str, float]:

@@ -30,6 +30,11 @@ ROLLOUTS_FILE = "rollouts.jsonl"
 _MAX_SPLIT_TOKENS = 4
 
 
+def status_name(status: int) -> str:
+    """A trial status as `rollouts.jsonl` writes it: `TRIAL_STATUS_OK` → "ok"."""
+    return pb.TrialStatus.Name(status).removeprefix("TRIAL_STATUS_").lower()
+
+
 class Trained(Protocol):
     """What the log needs of a learner sequence (`rl.batching.TrainSequence`);
     read-only, so frozen dataclasses match."""
@@ -185,6 +190,8 @@ class RolloutLog:
             # [version, count] runs over the sampled tokens in order (two for a completion an update split).
             "versions": [[int(v), int(n)] for v, n in zip(seq.version_runs, seq.version_run_lengths, strict=False)],
             "unreported_version_tokens": seq.unreported_version_tokens,
+            # A chat teacher's turns written with this model's template: its logprobs are 0, not this model's.
+            "rerendered": seq.rerendered,
         }
         if self.tokens == "none" or (self.tokens == "train" and advantage is None):
             return out
@@ -223,7 +230,7 @@ class RolloutLog:
             "harness": trajectory.harness.config_id or trajectory.harness.name,
             "group": trajectory.group_id,
             "trial": trajectory.trial_index,
-            "status": pb.TrialStatus.Name(trajectory.status).removeprefix("TRIAL_STATUS_").lower(),
+            "status": status_name(trajectory.status),
             "reward": trajectory.reward if trajectory.HasField("reward") else None,
             "error": trajectory.error or None,
             "metrics": {

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 METRICS_FILE = "metrics.jsonl"
+SFT_RUN_FILE = "sft.json"  # what marks a `legorl sft` run directory (its rollouts, filter and counts)
+SFT_MODEL_DIR = "model"  # the fine-tuned HF directory inside a `legorl sft` run directory
 RUN_TIME_KEY = "time/run_s"
 
 # (header, metric key, format) of the console table.
@@ -65,8 +67,17 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, *, resume_step: int, tensorboard: bool, out: TextIO = sys.stdout) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        resume_step: int,
+        tensorboard: bool,
+        out: TextIO = sys.stdout,
+        columns: list[tuple[str, str, str]] = COLUMNS,
+    ) -> None:
         self.run_dir = Path(run_dir)
+        self.columns = columns  # the console table's (header, metric key, format)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
         kept = cut_back(self.path, resume_step)
@@ -96,7 +107,7 @@ class RunLog:
 
     def table_row(self, record: dict[str, Any]) -> str:
         cells = []
-        for _header, key, fmt in COLUMNS:
+        for _header, key, fmt in self.columns:
             value = record.get(key)
             width = len(fmt.format(0.0))
             cells.append(fmt.format(value) if isinstance(value, int | float) else "-".rjust(width))
@@ -105,8 +116,8 @@ class RunLog:
     def show(self, record: dict[str, Any], print_fn=None) -> None:
         emit = print_fn or (lambda text: print(text, file=self.out, flush=True))
         if not self._header_shown:
-            widths = [len(fmt.format(0.0)) for _, _, fmt in COLUMNS]
-            emit(" ".join(h.rjust(w) for (h, _, _), w in zip(COLUMNS, widths, strict=True)))
+            widths = [len(fmt.format(0.0)) for _, _, fmt in self.columns]
+            emit(" ".join(h.rjust(w) for (h, _, _), w in zip(self.columns, widths, strict=True)))
             self._header_shown = True
         emit(self.table_row(record))
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from legorl_jax.core.config import EngineConfig
+from legorl_jax.core.config import CHAT_ENGINE_KINDS, EngineConfig
 from rollout_server.backends.adapters import installed_adapter
 from rollout_server.backends.client import EngineClient, SyncEngineClient, TokenRoute
 from rollout_server.backends.embedded import embedded_plan
@@ -177,6 +177,10 @@ def start_engine(
     """Launches (or, for `external`, points at) the engine. vLLM computes prompt
     logprobs at temperature 1; an external engine is assumed to be vLLM."""
     vllm = vllm or VllmOptions()
+    if engine.kind in CHAT_ENGINE_KINDS:  # else it would be taken for one to launch
+        raise ValueError(
+            f"engine.kind={engine.kind} is a chat teacher, nothing to launch: the rollout server's proxy calls it"
+        )
     if engine.kind == "external":
         if not engine.url:
             raise ValueError("engine.kind=external needs engine.url")

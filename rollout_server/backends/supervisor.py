@@ -24,6 +24,8 @@ from typing import Literal
 
 import httpx
 
+from legorl_jax.core.errors import InputError
+
 log = logging.getLogger(__name__)
 
 State = Literal["stopped", "starting", "healthy", "restarting", "failed"]
@@ -42,7 +44,7 @@ class LaunchPlan:
 _DIE_WITH_PARENT = str(Path(__file__).with_name("die_with_parent.py"))
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(RuntimeError, InputError):
     """The engine process exited, or never became healthy."""
 
 
@@ -151,7 +153,8 @@ class ProcessSupervisor:
                 if proc is None or proc.poll() is not None:
                     code = None if proc is None else proc.returncode
                     raise EngineStartError(
-                        f"engine exited with code {code} before becoming healthy; last output:\n{self.output_tail()}"
+                        f"the engine exited with code {code} before becoming healthy; its last output:\n"
+                        + self.output_tail()
                     )
                 try:
                     if http.get(f"{self.plan.url}/health").status_code == 200:

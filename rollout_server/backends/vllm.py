@@ -48,6 +48,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from legorl_jax.core.config import EngineConfig, cache_root
+from legorl_jax.core.errors import InputError
 from rollout_server.backends.adapters import installed_adapter
 from rollout_server.backends.client import TokenRoute
 from rollout_server.backends.supervisor import LaunchPlan
@@ -64,7 +65,7 @@ RELOAD_METHOD = "legorl_reload_weights"
 SUPPORTED_VLLM = SpecifierSet(">=0.17,<0.34")
 
 
-class VllmVersionError(RuntimeError):
+class VllmVersionError(RuntimeError, InputError):
     """The installed vLLM is missing or outside SUPPORTED_VLLM."""
 
 

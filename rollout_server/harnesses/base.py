@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from legorl_jax.core.errors import InputError
 from legorl_jax.core.registry import Registry
 from rollout_server.sandbox.base import Sandbox
 
@@ -32,7 +33,7 @@ Dialect = Literal["openai_chat", "anthropic", "openai_responses", "gemini"]
 HarnessStatus = Literal["ok", "harness_error", "cap_exceeded", "timeout"]
 
 
-class HarnessConfigError(ValueError):
+class HarnessConfigError(ValueError, InputError):
     """Options or launch inputs a harness cannot run with; the message says which and why."""
 
 

@@ -468,8 +468,44 @@ class ChatTemplate:
         later = sorted(i for i in reduced_matched if i > k - shift)
         return self._splice(text, later, reduced_matched, cursor, list(memo.ids), list(memo.spans), shift)
 
+    def written_turn(
+        self,
+        request: ChatRequest,
+        matched: dict[int, SampledTurn],
+        enable_thinking: bool,
+        gen_tail: list[int],
+        output: AssistantOutput,
+    ) -> list[int]:
+        """The ids this model would have sampled to write `output` after the
+        prompt of `request` (rendered with `matched`, ending in `gen_tail`): the
+        conversation with `output` as its last message, from the assistant
+        header up to the turn end, which is included, less the prompt's tail
+        where the turn repeats it (Qwen3's empty think block with thinking off).
+        A reasoning the tail rules out is left out, as that model could not write it."""
+        message = Message("assistant", output.content, output.reasoning, list(output.tool_calls))
+        tail = self.decode(gen_tail)
+        body = ""
+        for reasoning in dict.fromkeys((output.reasoning, None)):
+            message.reasoning = reasoning
+            text = self._text([*request.messages, message], matched, request.tools, enable_thinking, prompt=False)
+            start = text.rfind(self.header)
+            end = text.find(self.turn_end_text, start) if start >= 0 else -1
+            if end < 0:
+                raise invalid("the chat template did not write the teacher's turn as an assistant turn")
+            body = text[start + len(self.header) : end]
+            if body.startswith(tail):
+                return [*self.encode(body[len(tail) :]), self.turn_end_id]
+        # The template writes the tail only in its generation prompt (the demo's): the turn follows it whole.
+        return [*self.encode(body), self.turn_end_id]
+
     def _text(
-        self, messages: list[Message], matched: dict[int, SampledTurn], tools: list[ToolSpec], enable_thinking: bool
+        self,
+        messages: list[Message],
+        matched: dict[int, SampledTurn],
+        tools: list[ToolSpec],
+        enable_thinking: bool,
+        *,
+        prompt: bool = True,
     ) -> str:
         hf_messages = [
             {"role": "assistant", "content": _SENTINEL.format(i)} if i in matched else self._hf_message(m)
@@ -487,7 +523,7 @@ class ChatTemplate:
             for t in tools
         ] or None
         try:
-            return self._apply(hf_messages, hf_tools, True, enable_thinking)
+            return self._apply(hf_messages, hf_tools, prompt, enable_thinking)
         except (TemplateError, ValueError, TypeError) as exc:
             raise invalid(f"the conversation cannot be rendered with the model's chat template: {exc}") from exc
 

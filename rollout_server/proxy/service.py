@@ -10,19 +10,22 @@ import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from legorl_jax.core.config import ProxyConfig
 from legorl_jax.core.seeds import derive_seed
 from rollout_server.backends.client import TokenRoute
 from rollout_server.proxy.completion_parser import ToolCallFormat, parse_completion
-from rollout_server.proxy.conversation import ChatRequest, ToolSpec
-from rollout_server.proxy.engine_client import CompletionParams, ProxyEngineClient
+from rollout_server.proxy.conversation import AssistantOutput, ChatRequest, ToolSpec
+from rollout_server.proxy.engine_client import CompletionParams, EngineCompletion, ProxyEngineClient
 from rollout_server.proxy.errors import ProxyError
 from rollout_server.proxy.render import TEMPLATE_OVERRIDE, ChatTemplate, Prompt, SampledTurn
 from rollout_server.proxy.session import Session, SessionStore
 from rollout_server.proxy.trajectory import CallRecord
 from rollout_server.proxy.turn import TurnResult
+
+if TYPE_CHECKING:  # the providers' SDKs load only where a chat teacher is the engine
+    from rollout_server.proxy.chat_teacher import ChatTeacher
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ class ProxyCore:
     def __init__(
         self,
         template: ChatTemplate,
-        engine: ProxyEngineClient,
+        engine: ProxyEngineClient | ChatTeacher,
         store: SessionStore,
         *,
         max_context: int,
@@ -118,20 +121,28 @@ class ProxyCore:
     async def _execute(self, call: PreparedCall) -> TurnResult:
         session = call.session
         sampling = call.sampling
-        if self._recompute(session, call.prompt):
-            sampling = replace(sampling, prompt_logprobs=True)
         engine_start = time.perf_counter()
-        completion = await self.engine.complete(call.prompt.ids, sampling)
+        teacher_output = None
+        if isinstance(self.engine, ProxyEngineClient):
+            if self._recompute(session, call.prompt):
+                sampling = replace(sampling, prompt_logprobs=True)
+            completion = await self.engine.complete(call.prompt.ids, sampling)
+        else:
+            completion, teacher_output = await self._teacher_turn(self.engine, call)
         engine_latency = time.perf_counter() - engine_start
         ids = list(completion.token_ids)
         end_id = self.template.turn_end_id
         body = ids[:-1] if ids and ids[-1] == end_id else ids
         closing = [] if ids and ids[-1] == end_id else [end_id]
-        output = parse_completion(
-            self.template.decode(body),
-            self.tool_call_format,
-            call.request.tools,
-            lambda: call.id_prefix + secrets.token_hex(12),
+        output = (
+            teacher_output
+            if teacher_output is not None
+            else parse_completion(
+                self.template.decode(body),
+                self.tool_call_format,
+                call.request.tools,
+                lambda: call.id_prefix + secrets.token_hex(12),
+            )
         )
         retrained = _reused_sampled(call.prompt, completion.prompt_logprobs)
         # No await from here on: the record is atomic with respect to the
@@ -183,9 +194,22 @@ class ProxyCore:
             recomputed_tokens=0 if merged else len(retrained[0]),
             latency_s=time.perf_counter() - call.started,
             client_disconnected=call.hung_up,
+            rerendered=teacher_output is not None,
         )
         session.trajectory.calls.append(call.record)
         return TurnResult(output, completion.finish_reason, len(call.prompt.ids), len(ids), index)
+
+    async def _teacher_turn(self, teacher: ChatTeacher, call: PreparedCall) -> tuple[EngineCompletion, AssistantOutput]:
+        """A chat teacher's answer, and the ids this model would have sampled to
+        write it: recorded as sampled, with logprobs 0 (none are this model's;
+        the call record says re-rendered)."""
+        answer = await teacher.answer(call.request, call.sampling)
+        ids = self.template.written_turn(
+            call.request, call.matched, call.enable_thinking, call.prompt.gen_tail, answer.output
+        )
+        if answer.finish_reason == "length":  # cut short: the turn end is closed by the proxy, as for an engine
+            ids = ids[:-1]
+        return EngineCompletion(tuple(ids), (0.0,) * len(ids), answer.finish_reason), answer.output
 
     @staticmethod
     def _recompute(session: Session, prompt: Prompt) -> bool:
@@ -272,7 +296,7 @@ def _reads_call(text: str, fmt: ToolCallFormat) -> bool:
 
 def build_core(
     model_dir: str | Path,
-    engine_url: str,
+    engine: str | ChatTeacher,
     *,
     served_model: str,
     max_context: int,
@@ -283,21 +307,26 @@ def build_core(
 ) -> ProxyCore:
     """A proxy core for the model in `model_dir` (its tokenizer and chat
     template, unless `template` is given, loaded already) in front of the
-    engine at `engine_url`, with the config's caps as every session's default.
+    engine at the URL `engine` (or a chat teacher, whose answers are recorded as
+    this model writes them), with the config's caps as every session's default.
     An engine is taken for vLLM (prompt logprobs at temperature 1) unless
     `unit_temperature_prompt_logprobs` says otherwise; `token_route` is where its
     token-id calls go (`rollout_server.backends.client.TokenRoute`)."""
     cfg = config or ProxyConfig()
     store = SessionStore(cfg.session_caps(), max_sessions=cfg.max_sessions, idle_timeout_s=cfg.session_idle_timeout_s)
-    engine = ProxyEngineClient(
-        engine_url,
-        served_model,
-        unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs,
-        token_route=token_route,
+    client = (
+        ProxyEngineClient(
+            engine,
+            served_model,
+            unit_temperature_prompt_logprobs=unit_temperature_prompt_logprobs,
+            token_route=token_route,
+        )
+        if isinstance(engine, str)
+        else engine
     )
     return ProxyCore(
         template or load_template(model_dir, cfg),
-        engine,
+        client,
         store,
         max_context=max_context,
         tool_call_format=cfg.tool_call_format,

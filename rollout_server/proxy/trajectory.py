@@ -102,6 +102,9 @@ class CallRecord:
     recomputed_tokens: int = 0  # reused sampled tokens trained again with recomputed (prompt) logprobs
     latency_s: float = 0.0  # until the engine answered, then until the answer was sent or the harness hung up
     client_disconnected: bool = False  # the harness hung up on the stream before its last event
+    # A chat teacher's message re-rendered with this model's template: its ids were not sampled by
+    # this model, and its logprobs (0) are none of this model's.
+    rerendered: bool = False
 
 
 @dataclass

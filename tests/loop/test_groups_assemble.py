@@ -90,6 +90,13 @@ def test_side_calls_are_excluded_unless_asked() -> None:
     assert len(assemble(groups, "grpo", include_side_calls=True).sequences) == 2
 
 
+def test_a_chat_teachers_rerendered_turns_are_refused() -> None:
+    taught = trajectory(1.0)
+    taught.sequences[0].rerendered = True  # a rollout server with engine.kind openai_chat or anthropic
+    with pytest.raises(ValueError, match="chat teacher's re-rendered turns.*legorl collect"):
+        assemble([group(taught, trajectory(0.0))], "grpo")
+
+
 def test_pass_rate_per_harness_config() -> None:
     metrics = rollout_metrics([group(trajectory(1.0, "x"), trajectory(0.0, "x"), trajectory(1.0, "y"))])
     assert metrics["pass_rate/x"] == 0.5 and metrics["pass_rate/y"] == 1.0

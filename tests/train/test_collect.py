@@ -4,13 +4,16 @@ here by the embedded engine, a real one)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from legorl_jax.core.config import ConfigError
 from legorl_jax.train.collect import Keep
 from legorl_jax.view.data import RunReader
 from protos.legorl.v1 import rollout_pb2 as pb
@@ -91,3 +94,73 @@ def test_collect_from_an_engine_url_writes_a_rollouts_directory_the_viewer_reads
 
     filtered = _collect(*args, "--engine-url", "http://127.0.0.1:9", "--out", str(tmp_path / "none"), "--samples", "0")
     assert filtered.returncode == 2 and "--samples" in filtered.stderr
+
+
+def _run(*argv: str) -> int:
+    """A command in this process, as `legorl` runs it (without the process-wide set-up of `cli.main`)."""
+    from legorl_jax.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    return int(importlib.import_module(args._module).run(args))
+
+
+def test_a_chat_teachers_settings_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    collect = ["collect", "--model", str(tmp_path), "--out", str(tmp_path / "out")]
+    with pytest.raises(ConfigError, match="--teacher-model: settings of a chat teacher, given with --engine-api"):
+        _run(*collect, "--teacher-model", "t")
+    with pytest.raises(ConfigError, match=r"--engine-api: give the teacher's server \(--engine-url\) and model"):
+        _run(*collect, "--engine-api", "anthropic", "--engine-url", "http://t")
+    teacher = ["--set", "engine.kind=openai_chat", "--set", "engine.url=http://t", "--set", "engine.teacher_model=m"]
+    with pytest.raises(ConfigError, match="RL cannot train on them"):
+        _run("train", *teacher)
+
+
+# The teacher's bash tool call: the task's edit, with relative paths (a local sandbox runs in a copy of /app).
+_SOLVE = "sed -i '/^\\[server\\]/,/^\\[/{s/^port = 8000$/port = 9090/;s/^debug = true$/debug = false/}' service.ini"
+
+
+@pytest.mark.parametrize("api", ["openai_chat", "anthropic"])
+def test_collect_from_a_chat_teacher_records_its_turns_as_the_student_writes_them(
+    api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer: Any
+) -> None:
+    from proxy.chat_teacher_server import TEACHER_KEY, teacher_server, teacher_tokenizer
+    from rollout.stack import by_script, task_variant
+
+    from legorl_jax.models.demo_assets import build_tiny_hf_model
+    from legorl_jax.train.sft_data import check_tokenizer, read_sft_data
+
+    student = build_tiny_hf_model(tmp_path / "student", max_position_embeddings=8192)  # the demo tokenizer
+    task = task_variant(tmp_path / "tasks", "teach-edit")
+    monkeypatch.setenv("TEACHER_KEY", TEACHER_KEY)
+    args = [
+        "collect", "--model", str(student), "--tasks", str(task), "--harness", '{"name": "lego"}',
+        "--samples", "1", "--engine-api", api, "--teacher-model", "teacher", "--set", "sandbox.kind=local",
+    ]  # fmt: skip
+    with teacher_server(teacher_tokenizer(tmp_path / "teacher")) as (engine, url):
+        engine.respond = by_script({"teach-edit": _SOLVE}, final="Edited.")
+        out = tmp_path / "episodes"
+        assert _run(*args, "--engine-url", url, "--api-key-env", "TEACHER_KEY", "--out", str(out)) == 0
+        monkeypatch.setenv("WRONG_KEY", "wrong-key-0123456789")
+        refused = tmp_path / "refused"
+        assert _run(*args, "--engine-url", url, "--api-key-env", "WRONG_KEY", "--out", str(refused)) == 0
+
+    manifest = json.loads((out / "collect.json").read_text())
+    assert manifest["source"]["tokens"] == "re-rendered with the student's template"
+    assert manifest["source"]["teacher_model"] == "teacher" and manifest["kept"] == 1
+    (record,) = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert record["reward"] == 1.0, record  # the teacher solved the task through the student's harness
+    (seq,) = record["sequences"]
+    assert seq["rerendered"] and set(seq["logprobs"]) == {0.0}
+    written = [tokenizer.decode(seq["ids"][start:end]) for start, end in seq["spans"]]
+    assert written[0].endswith('"arguments": ' + json.dumps({"command": _SOLVE}) + "}\n</tool_call><|im_end|>")
+    assert written[-1].endswith("Edited.<|im_end|>")
+    # In the student's tokenizer, so `legorl sft` takes them: every written token is a loss token.
+    check_tokenizer(out, student)
+    data = read_sft_data([out], Keep(), vocab_size=len(tokenizer))
+    assert data.summary()["sft/loss_tokens"] == sum(end - start for start, end in seq["spans"])
+
+    # A refused key: the trial is an engine error naming the teacher's answer, and nothing is kept.
+    manifest = json.loads((refused / "collect.json").read_text())
+    assert manifest["kept"] == 0 and manifest["statuses"] == {"engine_error": 1}, manifest
+    (error,) = manifest["errors"]
+    assert f"chat teacher ({api} at {url}) failed" in error and "401" in error and "wrong-key" not in error

@@ -100,7 +100,7 @@ class TrialLimits(_message.Message):
     def __init__(self, max_model_calls: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., agent_timeout_s: _Optional[float] = ..., verifier_timeout_s: _Optional[float] = ...) -> None: ...
 
 class TokenSequence(_message.Message):
-    __slots__ = ("token_ids", "loss_mask", "behavior_logprobs", "policy_version", "side_call", "num_model_calls", "root_reason", "recomputed_tokens", "version_runs", "version_run_lengths", "unreported_version_tokens")
+    __slots__ = ("token_ids", "loss_mask", "behavior_logprobs", "policy_version", "side_call", "num_model_calls", "root_reason", "recomputed_tokens", "version_runs", "version_run_lengths", "unreported_version_tokens", "rerendered")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOR_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class TokenSequence(_message.Message):
     VERSION_RUNS_FIELD_NUMBER: _ClassVar[int]
     VERSION_RUN_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     UNREPORTED_VERSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RERENDERED_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     loss_mask: _containers.RepeatedScalarFieldContainer[int]
     behavior_logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -123,7 +124,8 @@ class TokenSequence(_message.Message):
     version_runs: _containers.RepeatedScalarFieldContainer[int]
     version_run_lengths: _containers.RepeatedScalarFieldContainer[int]
     unreported_version_tokens: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., behavior_logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., side_call: _Optional[bool] = ..., num_model_calls: _Optional[int] = ..., root_reason: _Optional[str] = ..., recomputed_tokens: _Optional[int] = ..., version_runs: _Optional[_Iterable[int]] = ..., version_run_lengths: _Optional[_Iterable[int]] = ..., unreported_version_tokens: _Optional[int] = ...) -> None: ...
+    rerendered: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., behavior_logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., side_call: _Optional[bool] = ..., num_model_calls: _Optional[int] = ..., root_reason: _Optional[str] = ..., recomputed_tokens: _Optional[int] = ..., version_runs: _Optional[_Iterable[int]] = ..., version_run_lengths: _Optional[_Iterable[int]] = ..., unreported_version_tokens: _Optional[int] = ..., rerendered: _Optional[bool] = ...) -> None: ...
 
 class PhaseTimes(_message.Message):
     __slots__ = ("setup_s", "agent_s", "verify_s", "teardown_s")
