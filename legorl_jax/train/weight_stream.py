@@ -199,6 +199,9 @@ class WeightStreamer:
         try:
             return await self._send(address, directory, version)
         except grpc.aio.AioRpcError as exc:
+            # An adapter refused is one for another base: the host holds no base that a catch-up could send.
+            if (directory / ADAPTER_CONFIG_FILE).is_file():
+                raise
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION and not await self._may_lack_base(address, directory):
                 raise
         log.info("%s did not take version %d; sending it the last full checkpoint and deltas", address, version)
