@@ -236,6 +236,9 @@ class RolloutServer:
             weights_idle_timeout_s=cfg.fleet.weights_idle_timeout_s,
             engine_restart_timeout_s=cfg.engine.startup_timeout_s,
         )
+        adapters = None  # a vLLM with LoRA serves adapter versions by name, which the proxy's requests give
+        if isinstance(core.engine, ProxyEngineClient) and self.engine is not None and self.engine.adapters_by_name:
+            adapters = core.engine.adapters
         self._weights_dir = tempfile.TemporaryDirectory(prefix="legorl-weights-")
         self.service = RolloutService(
             host,
@@ -248,6 +251,8 @@ class RolloutServer:
             # A relayed weight stream goes to another server of the fleet, which wants the fleet's token and TLS.
             relay_security=client_security(cfg.fleet.security),
             engine_dtype=None if self.engine is None else self.engine.dtype,
+            base_weights=self.model_dir,
+            adapters=adapters,
         )
         # Streamed weights carry tokenizer files whole in their header (Qwen3's is ~11 MB).
         self._grpc = grpc.aio.server(

@@ -35,14 +35,16 @@ from legorl_jax.core.config import SessionCaps
 from legorl_jax.core.grpc_auth import ClientSecurity
 from legorl_jax.core.seeds import derive_seed
 from legorl_jax.core.version import __version__
-from legorl_jax.core.weight_layout import WeightTransferError
+from legorl_jax.core.weight_layout import WeightTransferError, read_manifest
 from legorl_jax.core.weight_probe import ProbeResult
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_server.backends.adapters import AdapterRoute
 from rollout_server.backends.client import EngineClient, EngineError
 from rollout_server.backends.served_probe import ProbeFailed, failure, probe_engine
 from rollout_server.harnesses import get_harness, harness_names
 from rollout_server.harnesses.base import HarnessConfigError, HarnessOptions
+from rollout_server.served_base import ServedBase
 from rollout_server.served_tensors import ServedTensors
 from rollout_server.tasks import Task, TaskError, confined_task_dir, load_task
 from rollout_server.trial import TrialHost, TrialSpec, run_trial, sampling_config
@@ -226,8 +228,14 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         relay_security: ClientSecurity = ClientSecurity(),
         engine_dtype: str | None = None,
         check_probe: bool = True,
+        base_weights: Path | None = None,
+        adapters: AdapterRoute | None = None,
     ) -> None:
         self.host = host
+        # An engine that serves adapter versions by name (vLLM's LoRA path); None: it merges them on reload.
+        self.adapters = adapters
+        # The checkpoint the engine booted from: adapter versions apply to it until a full version replaces it.
+        self.served_base = ServedBase(base_weights)
         self.engine_dtype = engine_dtype  # the engine's compute dtype (None: its own choice), for the probe
         self.check_probe = check_probe  # off only where the engine computes nothing (weight_host's)
         self.weights_root = weights_root
@@ -454,25 +462,58 @@ class RolloutService(pb_grpc.RolloutServiceServicer):
         computes is restarted on the new directory (when this server launched it) and
         probed again; one that still fails is refused, and the version is not served."""
         started = time.monotonic()
+        manifest = read_manifest(directory)
+        adapter = manifest is not None and manifest.adapter_base is not None
+        try:
+            # An adapter applies to the base the engine holds, which must stay on disk beside it.
+            held = {await self.served_base.check(manifest)} if adapter and manifest is not None else set()
+        except WeightBaseMismatch as exc:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
         self.engine_dirs |= {directory}
         try:
-            await self.engine.update_weights(str(directory), "keep", version=str(version))
-            probe, path = await self._probe_or_restart(directory)
+            if adapter and self.adapters is not None:
+                probe, path = await self._serve_adapter(self.adapters, version, directory)
+            else:
+                await self.engine.update_weights(str(directory), "keep", version=str(version))
+                probe, path = await self._probe_or_restart(directory)
         except (EngineError, ProbeFailed) as exc:
             # What the engine holds now is unknown: no delta may build on it, and no directory it was
             # handed may be pruned (`engine_dirs` keeps them all).
             self.served_weights = None
             self.served_tensors.clear()
+            if not adapter:
+                self.served_base.directory = None
             raise Refused(grpc.StatusCode.INTERNAL, f"engine reload of {directory} failed: {exc}") from None
         self.host.policy_version = version
         self.served_weights = directory
-        self.engine_dirs = frozenset({directory})
+        self.engine_dirs = frozenset({directory, *held})
+        if not adapter:
+            self.served_base.directory = directory
         reload_s = time.monotonic() - started
         diff = math.nan if probe is None else probe.max_abs_diff
         log.info("policy version %d loaded (%s) by %s in %.2f s; probe max diff %.3g", version, how, path,
                  reload_s, diff)  # fmt: skip
         return pb.UpdateWeightsResponse(loaded_version=version, reload_s=reload_s, probe_max_abs_diff=diff,
                                         update_path=path)  # fmt: skip
+
+    async def _serve_adapter(
+        self, adapters: AdapterRoute, version: int, directory: Path
+    ) -> tuple[ProbeResult | None, str]:
+        """Loads the adapter under its own name and probes through it; new requests name it only once
+        it passed, while requests in flight finish on the adapter they named (`AdapterRoute`)."""
+        watch = self.engine.watch
+        epoch = 0 if watch is None else watch.epoch()
+        loaded = await adapters.load(self.engine, version, directory)
+        probe = None
+        if self.check_probe:
+            probe = await probe_engine(self.engine, directory, self.engine_dtype, model=loaded.name)
+        if probe is not None and not probe.passed:
+            raise ProbeFailed(failure(probe, directory, "serving the adapter"))
+        # A restart comes back on the base with this adapter (`vllm_plan`), unless one came meanwhile.
+        if watch is not None and not watch.record(epoch, str(directory), str(version)):
+            raise EngineError(0, f"the engine restarted while loading {directory}", "EngineRestarted")
+        await adapters.serve(self.engine, loaded)
+        return probe, "adapter"
 
     async def _probe_or_restart(self, directory: Path) -> tuple[ProbeResult | None, str]:
         """The probe of what the engine now serves, and how it came to serve it ("reload" or "restart")."""

@@ -48,10 +48,10 @@ class MemoryEngine:
 
 
 async def start(
-    root: Path, address: str = "127.0.0.1:0", weights_roots: Iterable[Path] = ()
+    root: Path, address: str = "127.0.0.1:0", weights_roots: Iterable[Path] = (), base: Path | None = None
 ) -> tuple[grpc.aio.Server, str, RolloutService]:
     """A started weights-only server keeping weights under `root`, taking UpdateWeights
-    local locations inside `weights_roots`: (server, address, service)."""
+    local locations inside `weights_roots`, adapter versions on `base`: (server, address, service)."""
     # Trials never run here (no tasks, no sandboxes): only the policy version of the host is used.
     host = TrialHost(
         sandboxes=None,  # type: ignore[arg-type]
@@ -69,6 +69,7 @@ async def start(
         ServiceLimits(capacity=1, weights_idle_timeout_s=30.0),
         weights_roots=weights_roots,
         check_probe=False,
+        base_weights=base,
     )
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20), *SERVER_KEEPALIVE_OPTIONS])
     pb_grpc.add_RolloutServiceServicer_to_server(service, server)

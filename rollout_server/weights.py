@@ -15,6 +15,12 @@ Two ways in, matching the two RPCs:
   announces must fit the index's total size and the free disk space, and a
   sender that goes quiet for `idle_timeout_s` is dropped.
 
+An adapter version (a LoRA run's, `Manifest.adapter_base`) is PEFT's adapter
+directory: by location it is used in place or downloaded like a full one; by
+stream its header carries `adapter_config.json` and the manifest, and the
+chunks that follow (the `delta` payload) are `adapter_model.safetensors`. The
+host checks the base it serves before the engine loads it (`RolloutService`).
+
 A published version carries `weights.json` (`Manifest`: its version and the
 digest of its exact tensors, `weight_delta.weights_digest`). A delta version
 (`weight_delta`) holds only the manifest, naming its base, and `delta.bin`;
@@ -63,8 +69,18 @@ import numpy as np
 import tensorstore as ts
 
 from legorl_jax.core import safetensors_io
-from legorl_jax.core.weight_delta import BaseMismatch, DeltaError, combine_sums, patch, tensor_sum, tensor_sums
+from legorl_jax.core.weight_delta import (
+    BaseMismatch,
+    DeltaError,
+    combine_sums,
+    patch,
+    tensor_sum,
+    tensor_sums,
+    weights_digest,
+)
 from legorl_jax.core.weight_layout import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
     DELTA_FILE,
     INDEX_FILE,
     MANIFEST_FILE,
@@ -83,6 +99,8 @@ from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.served_tensors import Held, ServedTensors
 
 DEFAULT_KEEP = 2
+# Bound on a streamed adapter: rank 64 on every projection of an 8B model in float32 is ~0.7 GB.
+MAX_ADAPTER_BYTES = 4 * 2**30
 # Kvstore schemes a location may name; tensorstore would also open http(s)://, which lists nothing and
 # would make the server fetch from any URL a caller names.
 REMOTE_SCHEMES = ("gs", "s3", "memory")
@@ -388,6 +406,9 @@ async def receive_stream(
     first = await next_message()
     if first is None or first.WhichOneof("payload") != "header":
         raise WeightTransferError("a weight stream must start with a header message")
+    raw_manifest = first.header.files.get(MANIFEST_FILE)
+    if raw_manifest is not None and Manifest.parse(raw_manifest, "header").adapter_base is not None:
+        return await _receive_adapter(first.header, next_message, dest_root, keep, base, protect)
     if first.header.delta:
         blob, manifest = await _receive_delta(first.header, next_message, base)
         return await asyncio.to_thread(
@@ -419,6 +440,45 @@ async def receive_stream(
         memory.hold(Held(final, assembly.manifest.digest, assembly.arrays, assembly.tensor_sums()))
     prune_versions(dest_root, keep, final, base, protect)
     return assembly.version, final
+
+
+async def _receive_adapter(
+    header: pb.WeightHeader,
+    next_message: Callable[[], Awaitable[pb.WeightChunk | None]],
+    dest_root: Path,
+    keep: int,
+    base: Path | None,
+    protect: Collection[Path],
+) -> tuple[int, Path]:
+    """An adapter stream installed as `dest_root/v{version:08d}` once its tensors match the manifest's digest."""
+    if set(header.files) != {MANIFEST_FILE, ADAPTER_CONFIG_FILE}:
+        raise WeightTransferError(
+            f"an adapter header carries {MANIFEST_FILE} and {ADAPTER_CONFIG_FILE} alone, got {sorted(header.files)}"
+        )
+    manifest = Manifest.parse(header.files[MANIFEST_FILE], "header")
+    label = version_dir_name(manifest.version)
+    with _staged(dest_root, label) as tmp:
+        with (tmp / ADAPTER_WEIGHTS_FILE).open("wb") as out:
+            while (message := await next_message()) is not None:
+                if message.WhichOneof("payload") != "delta":
+                    raise WeightTransferError("an adapter stream carries only delta chunks after its header")
+                out.write(message.delta)
+                if out.tell() > MAX_ADAPTER_BYTES:
+                    raise WeightTransferError(f"adapter exceeds {MAX_ADAPTER_BYTES} bytes")
+        for name, data in header.files.items():
+            (tmp / name).write_bytes(data)
+        try:
+            digest = await asyncio.to_thread(lambda: weights_digest(read_tensors(tmp)))
+        except (OSError, ValueError) as exc:
+            raise WeightTransferError(
+                f"adapter of version {manifest.version} is not a safetensors file: {exc}"
+            ) from None
+        if digest != manifest.digest:
+            raise WeightTransferError(f"received adapter does not match the digest of version {manifest.version}")
+        final = dest_root / label
+        install_directory(tmp, final)
+    prune_versions(dest_root, keep, final, base, protect)
+    return manifest.version, final
 
 
 async def _receive_delta(
@@ -491,6 +551,10 @@ def resolve_location(
     except (OSError, ValueError) as exc:  # a NUL byte, a path the server may not read
         raise WeightTransferError(f"{uri}: not a usable path: {exc}") from None
     manifest = None if raw is None else Manifest.parse(raw, uri)
+    if manifest is not None and manifest.adapter_base is not None:  # whole, small: in place or downloaded
+        if local:
+            return Path(uri.removeprefix("file://"))
+        return _download(uri, Path(cache_root), keep, context, current, protect)
     base_version = None if manifest is None else manifest.base_version
     if (
         manifest is not None
@@ -589,7 +653,7 @@ def _download(
         raise WeightTransferError(f"{uri}: cannot open with tensorstore: {exc}") from None
     kv = _ts(uri, "open", opened)
     keys = [key.decode(errors="replace") for key in _ts(uri, "list", kv.list())]
-    if "config.json" not in keys:
+    if "config.json" not in keys and ADAPTER_CONFIG_FILE not in keys:
         raise WeightTransferError(f"{uri}: no config.json there; not an HF weights directory")
     if MANIFEST_FILE not in keys:
         # The publisher uploads it last, so without it the version's upload did not finish.

@@ -40,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None, help="model id clients send (default: the --model path)")
+    parser.add_argument(
+        "--lora-adapter", default=None, metavar="DIR",
+        help="a PEFT adapter directory merged onto --model at start: a rollout host restarting its engine on a "
+        "LoRA run's adapter version",
+    )  # fmt: skip
     parser.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together (default: 32)")
     parser.add_argument(
         "--max-model-len", type=int, default=None,
@@ -102,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
             enable_prefix_caching=args.enable_prefix_caching,
             served_name=args.served_model_name,
         )
+        if args.lora_adapter is not None:
+            served.reload(args.lora_adapter)
     except WeightsError as exc:
         raise SystemExit(f"legorl serve: {exc}") from None
     try:

@@ -49,6 +49,14 @@ class LoraConfig(Strict):
         min_length=1,
         description="Projections that get adapters: attention (q/k/v/o_proj) and the dense MLP (gate/up/down_proj).",
     )
+    publish: Literal["adapter", "merged"] = Field(
+        "adapter",
+        description="What each published version is. adapter: the PEFT adapter alone (its weights.json names the "
+        "base checkpoint's digest), a small fraction of the model's bytes; hosts load it onto the base they serve "
+        "(vLLM through its LoRA path, the embedded engine merges it into its copy of the base). merged: a full "
+        "checkpoint with the adapters folded into the weights, for an engine that cannot take adapters, or to use "
+        "fleet.weights_full_every deltas.",
+    )
     experts: bool = Field(
         False,
         description="MoE models: adapters on the experts too. Only false (not built yet): a MoE model trains "
@@ -568,6 +576,16 @@ class Config(Strict):
     fleet: FleetConfig = FleetConfig()
     logging: LoggingConfig = LoggingConfig()
     sft: SupervisedConfig = SupervisedConfig()
+
+    @model_validator(mode="after")
+    def _adapter_versions_whole(self) -> Config:
+        lora = self.model.lora
+        if lora is not None and lora.publish == "adapter" and self.fleet.weights_full_every != 1:
+            raise ValueError(
+                f"fleet.weights_full_every={self.fleet.weights_full_every} needs model.lora.publish: merged; "
+                "adapter versions are published whole (never deltas): set fleet.weights_full_every: 1"
+            )
+        return self
 
     @model_validator(mode="after")
     def _schedule_horizon(self) -> Config:

@@ -6,7 +6,10 @@ Each is an HF directory (config, tokenizer, safetensors files and their index)
 plus `weights.json` (`Manifest`: its version, the digest of its exact
 tensors, `weight_delta.weights_digest`, and the learner's logprobs of the
 probe sequence, `weight_probe`); a delta version holds only the
-manifest, naming its base, and `delta.bin`. Directories are built under a
+manifest, naming its base, and `delta.bin`. A LoRA run's adapter version
+holds PEFT's `adapter_config.json` and `adapter_model.safetensors` beside its
+manifest, which names the digest of the base checkpoint the adapter applies to
+(`Manifest.adapter_base`, `checkpoint_digest`). Directories are built under a
 hidden name starting with `TMP_PREFIX` and renamed into place when complete
 (`install_directory`), so a reader never sees a half-written version.
 """
@@ -23,11 +26,14 @@ from typing import Any
 import numpy as np
 
 from legorl_jax.core import safetensors_io
+from legorl_jax.core.weight_delta import weights_digest
 from legorl_jax.core.weight_probe import WeightProbe
 
 INDEX_FILE = "model.safetensors.index.json"
 MANIFEST_FILE = "weights.json"
 DELTA_FILE = "delta.bin"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 # Hidden names of directories being built or discarded; anything else under a root is a version.
 TMP_PREFIX = ".incoming-"
 
@@ -38,13 +44,15 @@ class WeightTransferError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """`weights.json`: which version a directory holds; a delta's base, if it is one."""
+    """`weights.json`: which version a directory holds; a delta's base, if it is one; for an
+    adapter version, the digest of the base checkpoint it applies to (`digest` is then the adapter's)."""
 
     version: int
     digest: str
     base_version: int | None = None
     base_digest: str | None = None
     probe: WeightProbe | None = None  # the learner's logprobs of the probe under these weights
+    adapter_base: str | None = None
 
     def to_bytes(self) -> bytes:
         fields = dataclasses.asdict(self)
@@ -66,6 +74,15 @@ def read_manifest(directory: Path | None) -> Manifest | None:
     if directory is None or not (directory / MANIFEST_FILE).is_file():
         return None
     return Manifest.parse((directory / MANIFEST_FILE).read_bytes(), str(directory))
+
+
+def checkpoint_digest(directory: Path) -> str:
+    """The digest of a full checkpoint's tensors: its manifest's, or (a plain HF directory, such as
+    the model a run starts from) computed from its files. What an adapter version's base must match."""
+    manifest = read_manifest(directory)
+    if manifest is not None and manifest.adapter_base is None and manifest.base_version is None:
+        return manifest.digest
+    return weights_digest(read_tensors(directory))
 
 
 def version_dir_name(version: int) -> str:
@@ -102,11 +119,14 @@ def parse_index(raw: bytes) -> tuple[dict[str, str], int | None]:
 
 
 def weight_files(directory: Path) -> dict[str, str]:
-    """Tensor name -> safetensors file name of an HF directory."""
+    """Tensor name -> safetensors file name of an HF directory (or of an adapter version's adapter)."""
     index = directory / INDEX_FILE
     if index.is_file():
         return parse_index(index.read_bytes())[0]
-    return dict.fromkeys(safetensors_io.SafetensorsFile(directory / "model.safetensors").keys(), "model.safetensors")
+    single = "model.safetensors"
+    if not (directory / single).is_file() and (directory / ADAPTER_WEIGHTS_FILE).is_file():
+        single = ADAPTER_WEIGHTS_FILE
+    return dict.fromkeys(safetensors_io.SafetensorsFile(directory / single).keys(), single)
 
 
 def read_tensors(directory: Path) -> dict[str, np.ndarray]:

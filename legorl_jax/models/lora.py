@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from legorl_jax.core.config import LoraTarget
@@ -100,15 +101,28 @@ def merged_weight(module: Linear) -> jax.Array:
     return (w.astype(jnp.float32) + module.lora_scale * delta).astype(w.dtype)
 
 
+def merge_adapters(model: CausalLM) -> CausalLM:
+    """Folds every adapter into its weight (W + scale * B @ A) and removes it: what the
+    embedded engine serves, no adapter products left in the forward. The weights' variables
+    are set in place: merge a copy (`nnx.merge(..., copy=True)`) to keep the base."""
+    for _, module in adapted(model):
+        module.weight.set_value(merged_weight(module))
+        module.lora_a, module.lora_b, module.lora_scale = None, None, 0.0
+    return model
+
+
 def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
     """The adapters as PEFT names them (`base_model.model.<weight's name minus .weight>.lora_A.weight`,
-    A [r, in] and B [out, r] per layer), float32."""
+    A [r, in] and B [out, r] per layer), float32. Multi-process: a collective (adapters sharded
+    across processes are gathered), so every process calls it."""
     out: dict[str, np.ndarray] = {}
     for stem, module in adapted(model):
         template = tensor_map((*stem, "weight")).template.removesuffix(".weight")
         assert module.lora_a is not None and module.lora_b is not None
         for part, var in (("lora_A", module.lora_a), ("lora_B", module.lora_b)):
-            host = np.asarray(jax.device_get(var.get_value()), np.float32)
+            value = var.get_value()
+            whole = value if value.is_fully_addressable else multihost_utils.process_allgather(value, tiled=True)
+            host = np.asarray(jax.device_get(whole), np.float32)
             for layer in range(host.shape[0]):
                 out[f"{PEFT_PREFIX}{template.format(layer=layer)}.{part}.weight"] = np.ascontiguousarray(host[layer])
     return out

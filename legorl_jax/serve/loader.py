@@ -1,5 +1,10 @@
 """Loads an HF checkpoint directory into a running `Engine`, and reloads
-weights into it from another directory of the same architecture."""
+weights into it from another directory of the same architecture, or from a
+PEFT adapter directory (a LoRA run's version), merged into a copy of the last
+full checkpoint loaded: each version onto the base, never onto the previous
+merge. The base is held in host memory from the first adapter on (one more
+copy of the weights), so an adapter version reads only the adapter; merged
+weights serve at the base's speed (`scripts/bench_lora_serve.py`)."""
 
 from __future__ import annotations
 
@@ -47,13 +52,20 @@ class ServedModel:
     graphdef: Any
     dtype: DType
     _reload_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # The full checkpoint adapters merge onto: its directory, and its model once an adapter needed it.
+    _base_path: Path | None = None
+    _base: Any = None
 
     def reload(self, weights_path: str | Path) -> int:
-        """Loads weights from `weights_path` (an HF directory) and installs them.
-        Returns the new weight version. Serialised: one reload at a time."""
+        """Loads weights from `weights_path` (an HF directory, or a PEFT adapter merged onto
+        the base) and installs them. Returns the new weight version. Serialised: one reload at a time."""
         path = Path(weights_path)
         with self._reload_lock:
-            graphdef, state, config = _load(path, self.dtype)
+            if (path / "adapter_config.json").is_file():
+                graphdef, state, config = self._merged(path)
+            else:
+                graphdef, state, config = _load(path, self.dtype)
+                self._base_path, self._base = path, None
             if config != self.config:
                 raise WeightsError(f"{path}: architecture differs from the served model; restart the engine for it")
             if graphdef != self.graphdef:
@@ -63,6 +75,22 @@ class ServedModel:
             del state
             release_freed_memory()  # the load's buffers, and the old weights once the engine drops them
             return version
+
+    def _merged(self, adapter_dir: Path) -> tuple[Any, Any, Any]:
+        from legorl_jax.models import CheckpointError, from_hf
+        from legorl_jax.models.lora import LoraError, load_peft, merge_adapters
+
+        base_path = self._base_path or self.model_dir
+        try:
+            if self._base is None:
+                self._base = nnx.split(from_hf(base_path, dtype=self.dtype))
+            model = nnx.merge(*self._base, copy=True)  # without a copy, merging would write into the base
+            merge_adapters(load_peft(model, adapter_dir))
+        except (CheckpointError, LoraError, OSError, KeyError, ValueError) as exc:
+            raise WeightsError(f"{adapter_dir}: cannot merge the adapter onto {base_path}: {exc}") from exc
+        model.prepare_for_serving()
+        graphdef, state = nnx.split(model)
+        return graphdef, state, model.config
 
 
 def trained_context(path: Path) -> int:

@@ -320,6 +320,8 @@ class Trainer:
             tokenizer_from=model_dir,
             dtype=cfg.model.compute_dtype,
             full_every=cfg.fleet.weights_full_every,
+            # A LoRA run sends hosts its adapters alone, to load onto the base they booted from.
+            adapter_base=model_dir if cfg.model.lora is not None and cfg.model.lora.publish == "adapter" else None,
         )
         # Step-0 rollouts must see the learner's real weights: publish before any rollout.
         location = await self.worker.run(publisher.publish, learner.model(), self.version)

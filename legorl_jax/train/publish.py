@@ -33,6 +33,12 @@ the deltas since, so hosts in step never fetch a full checkpoint again.
 publisher holds the previous version's tensors in the stored dtype in host
 memory to diff against (16 GB for an 8B model in bf16).
 
+A LoRA run may publish the adapters alone (`adapter_base`: the base checkpoint
+the run started from): each version is then PEFT's adapter directory and its
+manifest, which names the base's digest (`checkpoint_digest`) and carries the
+probe of base + adapter; hosts load it onto the base they serve. Adapter
+versions are never deltas: an adapter is already a small fraction of the model.
+
 Publish before the first rollout: step-0 trajectories must come from the
 learner's real weights, not from whatever the engine booted with.
 """
@@ -67,6 +73,7 @@ from legorl_jax.core.weight_layout import (
     DELTA_FILE,
     MANIFEST_FILE,
     Manifest,
+    checkpoint_digest,
     install_directory,
     read_tensors,
     version_dir_name,
@@ -76,6 +83,7 @@ from legorl_jax.models import CausalLM, to_hf
 from legorl_jax.models.config import DType
 from legorl_jax.models.hf_io import _hf_tensors
 from legorl_jax.models.logprobs import token_logprobs
+from legorl_jax.models.lora import peft_tensors, save_peft
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +158,7 @@ class PublishStats:
     delta); and the bytes a host serving the previous version fetches."""
 
     version: int
-    kind: Literal["full", "delta", "delta+full"]
+    kind: Literal["full", "delta", "delta+full", "adapter"]
     changed_fraction: float
     nbytes: int
 
@@ -310,8 +318,11 @@ class DirectoryPublisher:
         dtype: DType | None = None,
         max_shard_bytes: int = DEFAULT_SHARD_BYTES,
         full_every: int = 1,
+        adapter_base: str | os.PathLike[str] | None = None,
         context: ts.Context | None = None,
     ) -> None:
+        if adapter_base is not None and full_every != 1:
+            raise ValueError(f"full_every={full_every}: adapter versions are never deltas; give 1")
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         if full_every < 1:
@@ -326,6 +337,8 @@ class DirectoryPublisher:
         self._export: dict[str, Any] = dict(tokenizer_from=tokenizer_from, dtype=dtype, max_shard_bytes=max_shard_bytes)
         self._previous: _Published | None = None
         self._full_version = 0
+        self._adapter_base = None if adapter_base is None else Path(adapter_base)
+        self._base_digest: str | None = None  # of `adapter_base`, read once on the first publish
         self._store: _LocalStore | _KvStore
         if root.startswith("file://") or "://" not in root:
             local = Path(root.removeprefix("file://"))
@@ -348,7 +361,10 @@ class DirectoryPublisher:
         probe = weight_probe(model, self._dtype)
 
         def write(out: Path) -> None:
-            written.extend(self._write(model, version, out, base, full, probe))
+            if self._adapter_base is not None:
+                written.extend(self._write_adapter(model, version, out, probe))
+            else:
+                written.extend(self._write(model, version, out, base, full, probe))
 
         location = self._store.publish(version, write, self.keep, version if full else self._full_version)
         if full:
@@ -386,6 +402,23 @@ class DirectoryPublisher:
         kind: Literal["delta", "delta+full"] = "delta+full" if full else "delta"
         stats = PublishStats(version, kind, header.changed / max(header.total, 1), len(blob))
         return [(_Published(version, digest, tensors), stats)]
+
+    def _write_adapter(
+        self, model: CausalLM, version: int, out: Path, probe: WeightProbe
+    ) -> list[tuple[_Published, PublishStats]]:
+        """The adapters as PEFT writes them, and a manifest naming the base they apply to."""
+        if jax.process_index() != 0:
+            peft_tensors(model)  # the gathers save_peft makes on process 0
+            return []
+        assert self._adapter_base is not None
+        if self._base_digest is None:
+            self._base_digest = checkpoint_digest(self._adapter_base)
+        save_peft(model, out, base_model=str(self._adapter_base))
+        digest = weights_digest(read_tensors(out))  # as hosts will read it
+        manifest = Manifest(version, digest, probe=probe, adapter_base=self._base_digest)
+        (out / MANIFEST_FILE).write_bytes(manifest.to_bytes())
+        nbytes = sum(p.stat().st_size for p in out.iterdir())
+        return [(_Published(version, digest, {}), PublishStats(version, "adapter", 1.0, nbytes))]
 
     def latest(self) -> str | None:
         """Location of the newest completely published version, if any."""

@@ -3,7 +3,9 @@ published version to every rollout server with `StreamWeights`, to each
 directly or once down a relay chain of the servers (`rollout_server.weight_relay`).
 A delta version (`legorl_jax.core.weight_delta`) travels as a header naming its
 base and its blob in chunks; a server that does not serve the base gets the
-last full checkpoint and the deltas since.
+last full checkpoint and the deltas since. An adapter version (a LoRA run's)
+travels as a header with its manifest and `adapter_config.json`, then
+`adapter_model.safetensors` in chunks of the same `delta` payload.
 
 A full stream is a header (every small file of the directory, and always a
 safetensors index, synthesised for single-file checkpoints, so the receiver
@@ -30,7 +32,15 @@ import numpy as np
 from safetensors import safe_open
 
 from legorl_jax.core.grpc_auth import ClientSecurity
-from legorl_jax.core.weight_layout import DELTA_FILE, INDEX_FILE, MANIFEST_FILE, read_manifest, version_dir_name
+from legorl_jax.core.weight_layout import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    DELTA_FILE,
+    INDEX_FILE,
+    MANIFEST_FILE,
+    read_manifest,
+    version_dir_name,
+)
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -49,8 +59,10 @@ def _local_directory(location: str) -> Path:
     if "://" in location and not location.startswith("file://"):
         raise WeightStreamError(f"{location}: only a local directory can be streamed; publish to a local path")
     directory = Path(location.removeprefix("file://"))
-    if not (directory / "config.json").is_file() and not (directory / DELTA_FILE).is_file():
-        raise WeightStreamError(f"{location}: neither config.json nor {DELTA_FILE} there; not a published version")
+    if not any((directory / f).is_file() for f in ("config.json", DELTA_FILE, ADAPTER_CONFIG_FILE)):
+        raise WeightStreamError(
+            f"{location}: neither config.json, {DELTA_FILE} nor {ADAPTER_CONFIG_FILE} there; not a published version"
+        )
     return directory
 
 
@@ -79,10 +91,13 @@ def weight_chunks(
     directory tensor by tensor."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    if not full and (directory / DELTA_FILE).is_file():
-        files = {MANIFEST_FILE: (directory / MANIFEST_FILE).read_bytes()}
-        yield pb.WeightChunk(header=pb.WeightHeader(version=version, files=files, delta=True, relay_to=relay_to))
-        blob = (directory / DELTA_FILE).read_bytes()
+    whole = (directory / ADAPTER_CONFIG_FILE).is_file()  # an adapter: its files whole, its tensors as a blob
+    if whole or (not full and (directory / DELTA_FILE).is_file()):
+        sides = (MANIFEST_FILE, ADAPTER_CONFIG_FILE) if whole else (MANIFEST_FILE,)
+        files = {name: (directory / name).read_bytes() for name in sides}
+        header = pb.WeightHeader(version=version, files=files, delta=not whole, relay_to=relay_to)
+        yield pb.WeightChunk(header=header)
+        blob = (directory / (ADAPTER_WEIGHTS_FILE if whole else DELTA_FILE)).read_bytes()
         for offset in range(0, len(blob), chunk_bytes):
             yield pb.WeightChunk(delta=blob[offset : offset + chunk_bytes])
         return
@@ -126,7 +141,7 @@ def delta_chain(directory: Path) -> list[Path]:
     """The published directories a host without any of them needs for `directory`:
     the last full checkpoint up to it, then each delta after that."""
     chain = [directory]
-    while not (chain[0] / "config.json").is_file():
+    while not (chain[0] / "config.json").is_file() and not (chain[0] / ADAPTER_CONFIG_FILE).is_file():
         manifest = read_manifest(chain[0])
         if manifest is None or manifest.base_version is None:
             raise WeightStreamError(f"{chain[0]} is neither a full checkpoint nor a delta")
@@ -184,6 +199,9 @@ class WeightStreamer:
         try:
             return await self._send(address, directory, version)
         except grpc.aio.AioRpcError as exc:
+            # An adapter refused is one for another base: the host holds no base that a catch-up could send.
+            if (directory / ADAPTER_CONFIG_FILE).is_file():
+                raise
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION and not await self._may_lack_base(address, directory):
                 raise
         log.info("%s did not take version %d; sending it the last full checkpoint and deltas", address, version)

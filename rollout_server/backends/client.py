@@ -345,13 +345,15 @@ class EngineClient:
             )
         return value
 
-    async def complete(self, prompt: list[int] | str, **sampling: Any) -> list[TokenCompletion]:
+    async def complete(
+        self, prompt: list[int] | str, *, model: str | None = None, **sampling: Any
+    ) -> list[TokenCompletion]:
+        """A completion of the served model, or of the adapter `model` names."""
         check_prompt_logprobs(sampling, self.unit_temperature_prompt_logprobs)
+        model = model or await self.model()
         if self.token_route == "generate" and isinstance(prompt, list):
-            return parse_generate(
-                await self._post(GENERATE_PATH, generate_body(prompt, await self.model(), **sampling))
-            )
-        body = completion_body(prompt, await self.model(), **sampling)
+            return parse_generate(await self._post(GENERATE_PATH, generate_body(prompt, model, **sampling)))
+        body = completion_body(prompt, model, **sampling)
         return [parse_choice(c) for c in (await self._post("/v1/completions", body))["choices"]]
 
     async def stream(self, prompt: list[int] | str, **sampling: Any) -> AsyncIterator[dict[str, Any]]:

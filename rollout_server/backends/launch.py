@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from legorl_jax.core.config import CHAT_ENGINE_KINDS, EngineConfig
+from rollout_server.backends.adapters import installed_adapter
 from rollout_server.backends.client import EngineClient, SyncEngineClient, TokenRoute
 from rollout_server.backends.embedded import embedded_plan
 from rollout_server.backends.served_probe import ProbeFailed, failure, probe_engine
@@ -48,8 +49,11 @@ class ManagedEngine:
         dtype: str | None = None,
         reload_method: str = "reload_weights",
         token_route: TokenRoute = "completions",
+        adapters_by_name: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
+        # A vLLM with --enable-lora: adapter versions are served by name (`adapters.AdapterRoute`).
+        self.adapters_by_name = adapters_by_name
         self.reload_method = reload_method
         self.token_route = token_route
         self.supervisor: ProcessSupervisor | None = None
@@ -70,6 +74,7 @@ class ManagedEngine:
         dtype: str | None = None,
         reload_method: str = "reload_weights",
         token_route: TokenRoute = "completions",
+        adapters_by_name: bool = False,
         **supervisor_kwargs: Any,
     ) -> ManagedEngine:
         plan = planner(None)
@@ -80,6 +85,7 @@ class ManagedEngine:
             dtype=dtype,
             reload_method=reload_method,
             token_route=token_route,
+            adapters_by_name=adapters_by_name,
         )
         engine.supervisor = ProcessSupervisor(
             plan, replan=lambda: engine._replan(planner), after_restart=engine._after_restart, **supervisor_kwargs
@@ -104,7 +110,9 @@ class ManagedEngine:
             if label is not None:
                 sync.label_weights(label)
             if weights is not None:
-                result = sync.run(probe_engine(sync.async_client, weights, self.dtype))
+                adapter = installed_adapter(weights) if self.adapters_by_name else None
+                model = None if adapter is None else adapter.name
+                result = sync.run(probe_engine(sync.async_client, weights, self.dtype, model=model))
                 if result is not None and not result.passed:
                     raise ProbeFailed(failure(result, weights, "restarted on"))
                 if result is not None:
@@ -201,5 +209,6 @@ def start_engine(
         dtype=engine.dtype or ("float32" if engine.kind == "embedded" else None),
         reload_method=RELOAD_METHOD if engine.kind == "vllm" else "reload_weights",
         token_route=route,
+        adapters_by_name=engine.kind == "vllm" and "--enable-lora" in engine.extra_args,
         **supervisor_kwargs,
     )

@@ -15,15 +15,19 @@ class ProbeFailed(RuntimeError):
     """The engine does not compute what the learner computes with the weights it was given."""
 
 
-async def probe_engine(client: EngineClient, weights_dir: str | Path, engine_dtype: str | None) -> ProbeResult | None:
-    """How far the engine's logprobs of the probe are from the learner's; None when
-    `weights_dir` carries no probe (a plain HF directory: the base model)."""
+async def probe_engine(
+    client: EngineClient, weights_dir: str | Path, engine_dtype: str | None, model: str | None = None
+) -> ProbeResult | None:
+    """How far the engine's logprobs of the probe are from the learner's (through the adapter
+    `model` names, if any); None when `weights_dir` carries no probe (a plain HF directory: the base model)."""
     manifest = read_manifest(Path(weights_dir))
     if manifest is None or manifest.probe is None:
         return None
     probe = manifest.probe
     # Temperature 1, where every engine's prompt logprobs are the model's own distribution.
-    (choice,) = await client.complete(list(probe.token_ids), max_tokens=1, temperature=1.0, prompt_logprobs=0)
+    (choice,) = await client.complete(
+        list(probe.token_ids), model=model, max_tokens=1, temperature=1.0, prompt_logprobs=0
+    )
     return compare(probe, choice.prompt_logprobs or [], engine_dtype)
 
 

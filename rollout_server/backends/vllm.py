@@ -49,6 +49,7 @@ from packaging.version import InvalidVersion, Version
 
 from legorl_jax.core.config import EngineConfig, cache_root
 from legorl_jax.core.errors import InputError
+from rollout_server.backends.adapters import installed_adapter
 from rollout_server.backends.client import TokenRoute
 from rollout_server.backends.supervisor import LaunchPlan
 
@@ -172,14 +173,16 @@ def vllm_plan(
 ) -> LaunchPlan:
     """The command serving `weights_dir` (default: `model_dir`) under the name and
     tokenizer of `model_dir`; each call draws a new seed unless one is configured.
-    The generate `route` is served only with --enable-scale-out."""
+    An adapter version in `weights_dir` is served on `model_dir` under its adapter
+    name. The generate `route` is served only with --enable-scale-out."""
     options = options or VllmOptions()
     if shutil.which(options.executable) is None:
         raise FileNotFoundError(_missing(options.executable))
     port = engine.port or free_port(engine.host)
     seed = options.seed if options.seed is not None else secrets.randbits(31)
+    adapter = installed_adapter(weights_dir)
     command = [
-        options.executable, "serve", str(weights_dir or model_dir),
+        options.executable, "serve", str(model_dir if adapter else weights_dir or model_dir),
         "--host", engine.host,
         "--port", str(port),
         "--served-model-name", options.served_model_name or str(model_dir),
@@ -201,6 +204,8 @@ def vllm_plan(
     command += ["--worker-extension-cls", WORKER_EXTENSION] + options_flags + engine.extra_args
     if route == "generate":
         command.append("--enable-scale-out")
+    if adapter is not None:
+        command += ["--lora-modules", f"{adapter.name}={weights_dir}"]
     pythonpath = os.pathsep.join(p for p in (str(EXTENSION_DIR), os.environ.get("PYTHONPATH", "")) if p)
     env = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": pythonpath}
     if "--enable-lora" in engine.extra_args:

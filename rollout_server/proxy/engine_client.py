@@ -28,9 +28,11 @@ from typing import Any
 
 import httpx
 
+from rollout_server.backends.adapters import AdapterRoute
 from rollout_server.backends.client import (
     GENERATE_PATH,
     EngineError,
+    TokenCompletion,
     TokenRoute,
     check_prompt_logprobs,
     completion_body,
@@ -110,6 +112,8 @@ class ProxyEngineClient:
         self.model = model
         self.timeout_s = timeout_s
         self.unit_temperature_prompt_logprobs = unit_temperature_prompt_logprobs
+        # The adapter version requests name, on an engine serving them by name (the host sets it).
+        self.adapters = AdapterRoute()
         self._transport = EngineTransport(self.base_url)
 
     def check_recompute(self, temperature: float) -> None:
@@ -135,24 +139,8 @@ class ProxyEngineClient:
     async def complete(self, prompt_ids: list[int], sampling: CompletionParams) -> EngineCompletion:
         if sampling.prompt_logprobs:
             self.check_recompute(sampling.temperature)
-        try:
-            if self.token_route == "generate":
-                body = generate_body(prompt_ids, self.model, **sampling.as_kwargs())
-                choices = parse_generate(await self._post(GENERATE_PATH, body))
-            else:
-                body = completion_body(
-                    prompt_ids,
-                    self.model,
-                    **sampling.as_kwargs(),
-                    # Ids also as logprob tokens, for engines without return_token_ids.
-                    return_tokens_as_token_ids=True,
-                    return_weight_versions=True,
-                )
-                choices = [parse_choice(c) for c in (await self._post("/v1/completions", body))["choices"]]
-        except EngineError as exc:
-            raise ProxyError("engine_unavailable", f"inference engine failed: {exc}") from exc
-        except (TypeError, ValueError, KeyError) as exc:  # a body that breaks the completions contract
-            raise ProxyError("engine_unavailable", f"inference engine sent a malformed completion: {exc!r}") from exc
+        with self.adapters.use() as adapter:
+            choices = await self._complete(prompt_ids, sampling, self.model if adapter is None else adapter.name)
         if len(choices) != 1:
             raise ProxyError("engine_unavailable", f"inference engine sent {len(choices)} choices, asked for 1")
         choice = choices[0]
@@ -169,8 +157,28 @@ class ProxyEngineClient:
             tuple(choice.logprobs),
             choice.finish_reason or "stop",
             None if prompt is None else tuple(prompt),
-            token_versions(choice.weight_versions),
+            # A request through an adapter is sampled by it throughout (`AdapterRoute`).
+            token_versions(choice.weight_versions) if adapter is None else (adapter.version,) * len(choice.token_ids),
         )
+
+    async def _complete(self, prompt_ids: list[int], sampling: CompletionParams, model: str) -> list[TokenCompletion]:
+        try:
+            if self.token_route == "generate":
+                body = generate_body(prompt_ids, model, **sampling.as_kwargs())
+                return parse_generate(await self._post(GENERATE_PATH, body))
+            body = completion_body(
+                prompt_ids,
+                model,
+                **sampling.as_kwargs(),
+                # Ids also as logprob tokens, for engines without return_token_ids.
+                return_tokens_as_token_ids=True,
+                return_weight_versions=True,
+            )
+            return [parse_choice(c) for c in (await self._post("/v1/completions", body))["choices"]]
+        except EngineError as exc:
+            raise ProxyError("engine_unavailable", f"inference engine failed: {exc}") from exc
+        except (TypeError, ValueError, KeyError) as exc:  # a body that breaks the completions contract
+            raise ProxyError("engine_unavailable", f"inference engine sent a malformed completion: {exc!r}") from exc
 
     async def aclose(self) -> None:
         await self._transport.aclose()
