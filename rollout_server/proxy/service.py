@@ -10,7 +10,7 @@ import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, cast, get_args
 
 from legorl_jax.core.config import ProxyConfig
 from legorl_jax.core.seeds import derive_seed
@@ -58,6 +58,9 @@ class ProxyCore:
     ) -> None:
         self.template = template
         self.engine = engine
+        # A chat teacher answers messages (`answer`); anything else is a token engine: the client, or a
+        # scripted stand-in with the client's `complete` (the demo's oracles, test instruments).
+        self._teacher = cast("ChatTeacher", engine) if hasattr(engine, "answer") else None
         self._model_name = model_name
         self.store = store
         self.max_context = max_context
@@ -123,12 +126,12 @@ class ProxyCore:
         sampling = call.sampling
         engine_start = time.perf_counter()
         teacher_output = None
-        if isinstance(self.engine, ProxyEngineClient):
+        if self._teacher is not None:
+            completion, teacher_output = await self._teacher_turn(self._teacher, call)
+        else:
             if self._recompute(session, call.prompt):
                 sampling = replace(sampling, prompt_logprobs=True)
-            completion = await self.engine.complete(call.prompt.ids, sampling)
-        else:
-            completion, teacher_output = await self._teacher_turn(self.engine, call)
+            completion = await cast(ProxyEngineClient, self.engine).complete(call.prompt.ids, sampling)
         engine_latency = time.perf_counter() - engine_start
         ids = list(completion.token_ids)
         end_id = self.template.turn_end_id

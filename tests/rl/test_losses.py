@@ -176,6 +176,6 @@ def test_kl_without_reference_is_an_error() -> None:
 def test_unknown_loss_name_lists_the_valid_ones() -> None:
     cfg = RLConfig(loss="reinforce")
     z = jnp.zeros((1, 3))
-    with pytest.raises(UnknownNameError, match="cispo, gspo, ppo_clip"):
+    with pytest.raises(UnknownNameError, match="cispo, gspo, nll, ppo_clip"):
         policy_loss(PolicyInputs(z, z, z, z, jnp.zeros((1, 3), jnp.int32), 1), cfg)
-    assert LOSSES.names() == ["cispo", "gspo", "ppo_clip"]
+    assert LOSSES.names() == ["cispo", "gspo", "nll", "ppo_clip"]
