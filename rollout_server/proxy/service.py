@@ -10,7 +10,7 @@ import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, cast, get_args
 
 from legorl_jax.core.config import ProxyConfig
 from legorl_jax.core.seeds import derive_seed
@@ -123,12 +123,14 @@ class ProxyCore:
         sampling = call.sampling
         engine_start = time.perf_counter()
         teacher_output = None
-        if isinstance(self.engine, ProxyEngineClient):
+        # A chat teacher answers in messages; anything else with ProxyEngineClient's `complete` (the demo
+        # oracles too) samples token ids.
+        if hasattr(self.engine, "answer"):
+            completion, teacher_output = await self._teacher_turn(cast("ChatTeacher", self.engine), call)
+        else:
             if self._recompute(session, call.prompt):
                 sampling = replace(sampling, prompt_logprobs=True)
             completion = await self.engine.complete(call.prompt.ids, sampling)
-        else:
-            completion, teacher_output = await self._teacher_turn(self.engine, call)
         engine_latency = time.perf_counter() - engine_start
         ids = list(completion.token_ids)
         end_id = self.template.turn_end_id
