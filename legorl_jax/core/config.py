@@ -135,6 +135,12 @@ class OptimizerConfig(Strict):
         1000, gt=0, description="Horizon of the decay schedule; unset in a run config, the run's total_steps."
     )
     weight_decay: float = Field(0.0, ge=0)
+    final_lr_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Where cosine or linear decay ends, as a fraction of the peak rate (0: decay to 0).",
+    )
     b1: float = Field(0.9, ge=0, lt=1)
     b2: float = Field(0.999, ge=0, lt=1)
     eps: float = Field(1e-8, gt=0)

@@ -35,6 +35,9 @@ _LENGTH_QUANTUM = 128
 # bucket saves less than its extra compilation costs.
 _BUCKET_BASES = (512, 768)
 _EVAL_ROWS = 4  # rows per evaluation call; the accuracy pass holds their full logits
+# The schedule decays to a twentieth of the peak: the copy mechanism the demonstrations need
+# sets in late, and settles only once the steps get small.
+DEMO_LR_DECAY = 20
 
 
 class SFTConfig(BaseModel):
@@ -133,6 +136,19 @@ def prepare(demos: Sequence[Demonstration], pad_id: int, *, max_len: int | None 
     return SFTData(tokens, masks, episode, tuple(tuple(g) for g in by_group.values()), lengths, config)
 
 
+def step_sequences(data: SFTData, rows: Sequence[int]) -> list[TrainSequence]:
+    """`rows` as the learner's packer takes them, cut to their real lengths."""
+    return [
+        TrainSequence(
+            data.tokens[r, : data.lengths[r]],
+            data.mask[r, : data.lengths[r]] > 0,
+            np.zeros(data.lengths[r], np.float32),  # the packer wants behaviour logprobs; SFT has none
+            advantage=1.0,
+        )
+        for r in rows
+    ]
+
+
 def pack_rows(
     data: SFTData,
     rows: Sequence[int],
@@ -147,17 +163,8 @@ def pack_rows(
     `buckets=[width]` with `max_segments=1` and no sharing is the padded layout:
     one demonstration per row, every row as long as the longest.
     """
-    seqs = [
-        TrainSequence(
-            data.tokens[r, : data.lengths[r]],
-            data.mask[r, : data.lengths[r]] > 0,
-            np.zeros(data.lengths[r], np.float32),  # the packer wants behaviour logprobs; SFT has none
-            advantage=1.0,
-        )
-        for r in rows
-    ]
     return pack_step(
-        seqs,
+        step_sequences(data, rows),
         buckets=list(buckets),
         micro_batch_tokens=micro_batch_tokens,
         aggregation="token_mean",
@@ -295,14 +302,12 @@ def evaluate(model: CausalLM, data: SFTData) -> Evaluation:
 
 
 def make_optimizer(model: CausalLM, config: SFTConfig) -> nnx.Optimizer:
-    # Decaying to a twentieth of the peak: the copy mechanism the demonstrations need
-    # sets in late, and settles only once the steps get small.
     schedule = optax.warmup_cosine_decay_schedule(
         0.0,
         config.learning_rate,
         max(config.warmup_steps, 1),
         max(config.max_steps, config.warmup_steps + 1),
-        end_value=config.learning_rate / 20,
+        end_value=config.learning_rate / DEMO_LR_DECAY,
     )
     tx = optax.chain(
         optax.clip_by_global_norm(config.grad_clip_norm),
@@ -345,37 +350,38 @@ def _step_rows(data: SFTData, config: SFTConfig) -> Iterator[list[int]]:
         yield from (batches[b] for b in rng.permutation(len(batches)))
 
 
-def train_sft(
-    model: CausalLM,
-    data: SFTData,
-    config: SFTConfig = SFTConfig(),
-    *,
-    on_step: Callable[[int, float, float | None], None] | None = None,
-) -> SFTResult:
-    """Train `model` in place until the pass estimate reaches the target or `max_steps` pass.
-
-    Each step's rows come from `_step_rows`. `on_step` sees (step, training
-    loss, the pass estimate when one was computed this step).
-    """
-    buckets = sft_buckets(data.tokens.shape[1], config.row_tokens)
+def step_layout(config: SFTConfig, width: int) -> tuple[list[int], int]:
+    """The buckets a step's rows are padded to, for demonstrations up to `width` tokens (padded),
+    and the token budget of one call."""
+    buckets = sft_buckets(width, config.row_tokens)
     budget = config.micro_batch_tokens or config.batch_size * buckets[-1]
     if budget < buckets[-1]:
         raise ValueError(f"sft.micro_batch_tokens={budget} holds no row of the largest bucket ({buckets[-1]} tokens)")
-    optimizer = make_optimizer(model, config)
+    return buckets, budget
+
+
+def train_steps(
+    data: SFTData,
+    config: SFTConfig,
+    update: Callable[[list[int]], float],
+    policy: Callable[[], CausalLM],
+    *,
+    on_step: Callable[[int, float, float | None], None] | None = None,
+) -> SFTResult:
+    """The warm start around a step: `update` takes each step's rows (`_step_rows`) through one
+    optimizer step and returns its loss; the pass estimate of `policy()` every `eval_every`
+    steps stops training once it reaches the target, else `max_steps` do."""
     probe = sample_groups(data, config.eval_groups, config.seed)
     result = SFTResult(steps=0)
     for step, picked in zip(range(1, config.max_steps + 1), _step_rows(data, config), strict=False):
-        packed = pack_rows(
-            data, picked, buckets=buckets, micro_batch_tokens=budget, share_prefixes=config.share_prefixes
-        )
-        loss = sft_update(model, optimizer, packed)
+        loss = update(picked)
         if not math.isfinite(loss):
             raise FloatingPointError(f"SFT loss became {loss} at step {step}; lower the learning rate")
         result.losses.append(loss)
         result.steps = step
         estimate = None
         if step % config.eval_every == 0 or step == config.max_steps:
-            estimate = pass_estimate(model, probe)
+            estimate = pass_estimate(policy(), probe)
             result.pass_estimates.append((step, estimate))
         if on_step is not None:
             on_step(step, loss, estimate)
@@ -383,3 +389,25 @@ def train_sft(
             result.reached_target = True
             break
     return result
+
+
+def train_sft(
+    model: CausalLM,
+    data: SFTData,
+    config: SFTConfig = SFTConfig(),
+    *,
+    on_step: Callable[[int, float, float | None], None] | None = None,
+) -> SFTResult:
+    """Train `model` in place until the pass estimate reaches the target or `max_steps` pass
+    (`train_steps`). `on_step` sees (step, training loss, the pass estimate when one was
+    computed this step)."""
+    buckets, budget = step_layout(config, data.tokens.shape[1])
+    optimizer = make_optimizer(model, config)
+
+    def update(picked: list[int]) -> float:
+        packed = pack_rows(
+            data, picked, buckets=buckets, micro_batch_tokens=budget, share_prefixes=config.share_prefixes
+        )
+        return sft_update(model, optimizer, packed)
+
+    return train_steps(data, config, update, lambda: model, on_step=on_step)

@@ -9,14 +9,14 @@ from legorl_jax.core.config import OptimizerConfig
 
 def learning_rate_schedule(cfg: OptimizerConfig) -> optax.Schedule:
     """Linear warm-up from 0 to the peak rate, then constant, cosine or linear decay
-    to 0 at `total_steps`."""
+    to `final_lr_fraction` of the peak at `total_steps`."""
     decay_steps = max(cfg.total_steps - cfg.warmup_steps, 1)
     if cfg.schedule == "constant":
         after = optax.constant_schedule(cfg.learning_rate)
     elif cfg.schedule == "cosine":
-        after = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps)
+        after = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps, alpha=cfg.final_lr_fraction)
     else:
-        after = optax.linear_schedule(cfg.learning_rate, 0.0, decay_steps)
+        after = optax.linear_schedule(cfg.learning_rate, cfg.learning_rate * cfg.final_lr_fraction, decay_steps)
     if cfg.warmup_steps == 0:
         return after
     warmup = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)

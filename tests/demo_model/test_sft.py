@@ -236,3 +236,30 @@ def test_failing_plans_and_sampled_groups_in_the_estimate(tiny_model: Any) -> No
             only_b = sample
     assert only_b is not None and np.array_equal(only_b.tokens[0], data.tokens[3])
     assert sample_groups(data, 5, seed=0) is data
+
+
+def test_the_learner_path_trains_as_the_private_step(tiny_dir: Path) -> None:
+    """`learner_sft.train_sft_learner` (the Learner's nll step) takes the same steps as `train_sft`:
+    the same rows, loss and AdamW update with the same schedule, so the losses stay together; it
+    stops at the target alike and leaves the given model as it was."""
+    from legorl_jax.demo.learner_sft import train_sft_learner
+
+    data = prepare(short_demos(), pad_id=0)
+    config = SFTConfig(
+        max_steps=6, batch_size=2, learning_rate=1e-2, warmup_steps=2, eval_every=3, target_pass=1.0, seed=1
+    )
+    private = train_sft(from_hf(tiny_dir), data, config)
+    given = from_hf(tiny_dir)
+    before = evaluate(given, data)
+    seen: list[tuple[int, float | None]] = []
+    trained, result = train_sft_learner(
+        given, data, config, on_step=lambda step, loss, estimate: seen.append((step, estimate))
+    )
+    assert result.steps == private.steps == 6 and not result.reached_target
+    np.testing.assert_allclose(result.losses, private.losses, rtol=2e-4)
+    assert [s for s, _ in result.pass_estimates] == [3, 6] and [s for s, _ in seen] == list(range(1, 7))
+    np.testing.assert_allclose([e for _, e in result.pass_estimates], [e for _, e in private.pass_estimates], rtol=1e-3)
+    assert evaluate(given, data) == before
+    assert evaluate(trained, data).loss < before.loss
+    stopped = train_sft_learner(from_hf(tiny_dir), data, config.model_copy(update={"target_pass": 1e-300}))[1]
+    assert stopped.reached_target and stopped.steps == 3

@@ -21,6 +21,20 @@ def test_warmup_then_cosine_and_linear_decay() -> None:
     assert [float(const(s)) for s in (1, 2, 100)] == pytest.approx([0.15, 0.3, 0.3])
 
 
+def test_decay_ends_at_the_final_fraction_of_the_peak() -> None:
+    """`final_lr_fraction` is the floor: the demo SFT's warm-up + cosine to a twentieth of the peak."""
+    import optax
+
+    cfg = OptimizerConfig(learning_rate=3e-3, warmup_steps=20, schedule="cosine", total_steps=900)
+    floored = learning_rate_schedule(cfg.model_copy(update={"final_lr_fraction": 0.05}))
+    demo = optax.warmup_cosine_decay_schedule(0.0, 3e-3, 20, 900, end_value=3e-3 / 20)
+    steps = np.arange(0, 901, 7)
+    np.testing.assert_allclose([float(floored(s)) for s in steps], [float(demo(s)) for s in steps], rtol=1e-5)
+    half = OptimizerConfig(learning_rate=2.0, schedule="linear", total_steps=10, final_lr_fraction=0.5)
+    lin = learning_rate_schedule(half)
+    assert [float(lin(s)) for s in (0, 5, 10)] == pytest.approx([2.0, 1.5, 1.0])
+
+
 def test_first_update_is_clipped_adam_with_weight_decay() -> None:
     # A large eps makes Adam's step depend on the gradient's scale, so clipping shows.
     cfg = OptimizerConfig(learning_rate=0.1, grad_clip_norm=1.0, weight_decay=0.5, eps=1.0)
