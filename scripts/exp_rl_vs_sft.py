@@ -235,10 +235,11 @@ class Result:
 
 def _mean_over(evaluation: dict[str, float], specs: list[HarnessSpec], name: str) -> float:
     """The mean over configurations of `eval_harness/<id>/<name>` (`eval_pass_rate/<id>` for the pass rate);
-    every configuration evaluates on the same tasks, so this is the mean over their episodes."""
+    every configuration evaluates on the same tasks, so this is the mean over their episodes. A configuration
+    whose every trial failed in its environment has neither (NaN: the table shows it, nothing is taken for 0)."""
     ids = [harness_choice(s).config_id for s in specs]
     keys = [f"eval_pass_rate/{i}" if name == "pass_rate" else f"eval_harness/{i}/{name}" for i in ids]
-    return statistics.mean(evaluation.get(k, 0.0) for k in keys)
+    return statistics.mean(evaluation.get(k, float("nan")) for k in keys)
 
 
 def result_from_eval(plan: Plan, arm: str, seed: int, evaluation: dict[str, float], wall_s: float) -> Result:
