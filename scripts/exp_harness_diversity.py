@@ -36,6 +36,7 @@ from legorl_jax.train.groups import harness_choice  # noqa: E402
 from rollout_server.harnesses import HarnessConfigError, UnknownHarnessError, get_harness  # noqa: E402
 
 LEGORL = [sys.executable, "-m", "legorl_jax.cli"]
+PROG = "exp_harness_diversity"
 
 
 def _lego(**options: str) -> dict[str, Any]:
@@ -80,13 +81,12 @@ class UsageError(ValueError):
     """Arguments the experiment cannot run with; the message names the argument."""
 
 
-@dataclass
-class Plan:
+@dataclass(kw_only=True)
+class ExperimentPlan:
+    """What every experiment script's plan holds (`add_common_arguments`, `common_fields`)."""
+
     config: str
-    arms: dict[str, list[HarnessSpec]]
-    held_out: list[HarnessSpec]
     seeds: list[int]
-    steps: int
     groups_per_step: int
     group_size: int
     eval_samples: int
@@ -94,6 +94,13 @@ class Plan:
     out: Path
     overrides: list[str] = field(default_factory=list)
     overwrite: bool = False
+
+
+@dataclass(kw_only=True)
+class Plan(ExperimentPlan):
+    arms: dict[str, list[HarnessSpec]]
+    held_out: list[HarnessSpec]
+    steps: int
 
     @property
     def trials_per_run(self) -> int:
@@ -126,6 +133,55 @@ def normalized(spec: HarnessSpec, where: str) -> tuple[str, str]:
     return spec.name, json.dumps(options.model_dump(mode="json"), sort_keys=True)
 
 
+def add_common_arguments(parser: argparse.ArgumentParser, *, seeds: list[int], runs_dir: Path) -> None:
+    """The arguments every experiment script takes: seeds, the RL budget's shape, evaluation, outputs, --set."""
+    parser.add_argument("--seeds", type=int, nargs="+", default=seeds)
+    parser.add_argument("--groups-per-step", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--eval-samples", type=int, default=1, help="trials per held-out task and configuration")
+    parser.add_argument("--runs-dir", default=str(runs_dir))
+    parser.add_argument("--out", default=None, help="markdown table (default: RUNS_DIR/results.md)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run directories of an earlier run")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE", help="config override (all runs)"
+    )
+
+
+def common_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """A plan's fields from `add_common_arguments`' values."""
+    runs_dir = Path(args.runs_dir)
+    return {
+        "config": args.config,
+        "seeds": args.seeds,
+        "groups_per_step": args.groups_per_step,
+        "group_size": args.group_size,
+        "eval_samples": args.eval_samples,
+        "runs_dir": runs_dir,
+        "out": Path(args.out) if args.out else runs_dir / "results.md",
+        "overrides": args.overrides,
+        "overwrite": args.overwrite,
+    }
+
+
+def check_common_arguments(args: argparse.Namespace, controlled: tuple[str, ...], *more: tuple[str, int, int]) -> None:
+    """`add_common_arguments`' values (and `more`: flag, value, least) checked; config fields the
+    experiment sets itself (`controlled`) refused in --set."""
+    for override in args.overrides:
+        path = override.partition("=")[0].strip()
+        if any(path == c or path.startswith(c + ".") for c in controlled):
+            raise UsageError(f"--set {override}: the experiment sets {path} itself (see --help)")
+    for flag, value, least in (
+        *more,
+        ("--groups-per-step", args.groups_per_step, 1),
+        ("--group-size", args.group_size, 2),
+        ("--eval-samples", args.eval_samples, 1),
+    ):
+        if value < least:
+            raise UsageError(f"{flag}: at least {least}, got {value}")
+    if len(set(args.seeds)) != len(args.seeds):
+        raise UsageError(f"--seeds: repeated seed in {args.seeds}")
+
+
 def parse_args(argv: list[str]) -> Plan:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(REPO / "configs" / "demo.yaml"), help="run config of every arm")
@@ -144,17 +200,8 @@ def parse_args(argv: list[str]) -> Plan:
         metavar="JSON",
         help="a held-out harness configuration (repeatable; default: three lego configurations no arm trains on)",
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=4, help="training steps per run")
-    parser.add_argument("--groups-per-step", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--eval-samples", type=int, default=1, help="trials per held-out task and configuration")
-    parser.add_argument("--runs-dir", default=str(REPO / "runs" / "harness_diversity"))
-    parser.add_argument("--out", default=None, help="markdown table (default: RUNS_DIR/results.md)")
-    parser.add_argument("--overwrite", action="store_true", help="replace the run directories of an earlier run")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE", help="config override (all runs)"
-    )
+    add_common_arguments(parser, seeds=[0, 1, 2], runs_dir=REPO / "runs" / "harness_diversity")
     args = parser.parse_args(argv)
 
     arms: dict[str, list[HarnessSpec]] = {}
@@ -188,35 +235,8 @@ def parse_args(argv: list[str]) -> Plan:
         if key in held_keys:
             raise UsageError(f"--held-out #{i + 1} ({spec.name} {json.dumps(spec.options)}): given twice")
         held_keys.add(key)
-    for flag, value, least in (
-        ("--steps", args.steps, 1),
-        ("--groups-per-step", args.groups_per_step, 1),
-        ("--group-size", args.group_size, 2),
-        ("--eval-samples", args.eval_samples, 1),
-    ):
-        if value < least:
-            raise UsageError(f"{flag}: at least {least}, got {value}")
-    if len(set(args.seeds)) != len(args.seeds):
-        raise UsageError(f"--seeds: repeated seed in {args.seeds}")
-    runs_dir = Path(args.runs_dir)
-    plan = Plan(
-        config=args.config,
-        arms=arms,
-        held_out=held_out,
-        seeds=args.seeds,
-        steps=args.steps,
-        groups_per_step=args.groups_per_step,
-        group_size=args.group_size,
-        eval_samples=args.eval_samples,
-        runs_dir=runs_dir,
-        out=Path(args.out) if args.out else runs_dir / "results.md",
-        overrides=args.overrides,
-        overwrite=args.overwrite,
-    )
-    for override in plan.overrides:
-        path = override.partition("=")[0].strip()
-        if any(path == c or path.startswith(c + ".") for c in CONTROLLED):
-            raise UsageError(f"--set {override}: the experiment sets {path} itself (see --help)")
+    check_common_arguments(args, CONTROLLED, ("--steps", args.steps, 1))
+    plan = Plan(arms=arms, held_out=held_out, steps=args.steps, **common_fields(args))
     try:  # every run's config, checked before anything runs
         load_config(plan.config, plan.overrides)
         for arm, seed in ((a, s) for a in plan.arms for s in plan.seeds):
@@ -273,9 +293,16 @@ def _legorl(args: list[str], log: Path) -> str:
 
 def held_out_eval(plan: Plan, model: Path, seed: int, log: Path) -> dict[str, float]:
     """`legorl eval` of `model` on the held-out configurations: its JSON result."""
-    harnesses = [a for s in plan.held_out for a in ("--harness", s.model_dump_json())]
-    args = ["eval", "--config", plan.config, "--model", str(model), "--samples", str(plan.eval_samples), *harnesses]
-    stdout = _legorl([*args, *_sets([*plan.overrides, f"seed={seed}"])], log)
+    return legorl_eval(plan.config, [*plan.overrides, f"seed={seed}"], model, plan.held_out, plan.eval_samples, log)
+
+
+def legorl_eval(
+    config: str, overrides: list[str], model: Path, harnesses: list[HarnessSpec], samples: int, log: Path
+) -> dict[str, float]:
+    """`legorl eval` of `model` on the config's held-out tasks under `harnesses`: its JSON result."""
+    specs = [a for s in harnesses for a in ("--harness", s.model_dump_json())]
+    args = ["eval", "--config", config, "--model", str(model), "--samples", str(samples), *specs]
+    stdout = _legorl([*args, *_sets(overrides)], log)
     lines = stdout.splitlines()
     # The result is the last thing printed, a JSON object opening on a line of its own.
     start = max((i for i, line in enumerate(lines) if line == "{"), default=None)
@@ -289,11 +316,11 @@ def latest_weights(run_dir: Path) -> Path:
     return weights / (weights / "LATEST").read_text().strip()
 
 
-def warm_start_model(plan: Plan) -> Path:
+def warm_start_model(config: str, overrides: list[str]) -> Path:
     """The model every arm starts from (built once into the cache if it is the demo model)."""
     from legorl_jax.wiring import model_dir  # deferred: loads jax
 
-    return model_dir(load_config(plan.config, plan.overrides), progress=True)
+    return model_dir(load_config(config, overrides), progress=True)
 
 
 @dataclass
@@ -378,6 +405,18 @@ def report(plan: Plan, results: list[Result], command: str, wall_s: float) -> st
     )
 
 
+def clear_runs(runs: list[Path], overwrite: bool, prog: str) -> bool:
+    """Removes the run directories of an earlier run with `overwrite`; without it, says which
+    one exists and returns False."""
+    existing = [r for r in runs if r.exists()]
+    if existing and not overwrite:
+        print(f"{prog}: {existing[0]} exists: pass --overwrite or another --runs-dir", file=sys.stderr)
+        return False
+    for run in existing:
+        shutil.rmtree(run)
+    return True
+
+
 def main(argv: list[str]) -> int:
     try:
         plan = parse_args(argv)
@@ -386,14 +425,10 @@ def main(argv: list[str]) -> int:
         return 2
     started = time.monotonic()
     runs = [plan.runs_dir / plan.run_name(a, s) for a in plan.arms for s in plan.seeds]
-    existing = [r for r in runs if r.exists()]
-    if existing and not plan.overwrite:
-        print(f"exp_harness_diversity: {existing[0]} exists: pass --overwrite or another --runs-dir", file=sys.stderr)
+    if not clear_runs(runs, plan.overwrite, PROG):
         return 2
-    for run in existing:
-        shutil.rmtree(run)
     logs = plan.runs_dir / "logs"
-    warm = warm_start_model(plan)
+    warm = warm_start_model(plan.config, plan.overrides)
     results: list[Result] = []
     for seed in plan.seeds:
         warm_eval = held_out_eval(plan, warm, seed, logs / f"warm-s{seed}.log")
