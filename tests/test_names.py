@@ -34,3 +34,13 @@ def test_the_check_sees_a_repeated_name(tmp_path: Path) -> None:
         (tmp_path / package).mkdir()
         (tmp_path / package / "m.py").write_text("class Twice:\n    pass\n")
     assert class_definitions(tmp_path)["Twice"] == ["legorl_jax/m.py:1", "rollout_server/m.py:1"]
+
+
+def test_no_two_test_modules_outside_packages_share_a_name() -> None:
+    """pytest imports a test file outside a package (no `__init__.py`) by its bare name: two
+    `test_x.py` in such folders break the collection of the whole suite."""
+    loose: dict[str, list[str]] = defaultdict(list)
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if not (path.parent / "__init__.py").exists():
+            loose[path.name].append(str(path.relative_to(ROOT)))
+    assert {name: where for name, where in loose.items() if len(where) > 1} == {}
