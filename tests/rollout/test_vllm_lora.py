@@ -193,8 +193,11 @@ def test_a_request_in_flight_finishes_on_the_adapter_it_started_with(
 ) -> None:
     """What replace_adapter does to a completion in flight through the adapter: it goes on with
     the old adapter (its request holds it; vLLM reads it again from its directory, which must
-    outlive the request). The engine's weight label is global, so its tokens after the relabel
-    carry the new version: wrong for adapters, which bind to a request when it starts."""
+    outlive the request). The engine's weight label is global, so tokens decoded after the relabel
+    carry the new version: wrong for adapters, which bind to a request when it starts (a vLLM host
+    labels adapter requests itself: rollout_server/backends/adapters.py). When the relabel lands
+    depends on vLLM's pace here: the replacement may be held until the request ends (every token
+    "old"), or land mid-completion (a split); either way every token comes from the old adapter."""
     assert base_client.label_weights("old")
 
     async def replace_mid_completion() -> TokenCompletion:
@@ -212,17 +215,18 @@ def test_a_request_in_flight_finishes_on_the_adapter_it_started_with(
             return (await running)[0]
 
     choice = base_client.run(replace_mid_completion())
-    assert choice.weight_versions is not None and [v for v, _, _ in choice.weight_versions] == ["old", "new"]
+    assert choice.weight_versions is not None
+    assert [v for v, _, _ in choice.weight_versions] in (["old"], ["old", "new"])
     ids = assets.ids + choice.token_ids
     old, new = (ref.logprobs(ids)[len(assets.ids) - 1 :] for ref in assets.refs)
+    assert max_abs_diff(choice.logprobs, old) < TOLERANCE  # every token, any relabelled ones too, from the old
+    assert max_abs_diff(choice.logprobs, new) > 100 * TOLERANCE
     split = choice.weight_versions[0][2]
-    labelled_new = choice.logprobs[split:]
-    print(
-        f"\nin flight, tokens labelled new: max diff to the old adapter {max_abs_diff(labelled_new, old[split:]):.3g},"
-        f" to the new {max_abs_diff(labelled_new, new[split:]):.3g}"
-    )
-    assert max_abs_diff(choice.logprobs, old) < TOLERANCE  # every token, the relabelled ones too, from the old
-    assert max_abs_diff(labelled_new, new[split:]) > 100 * TOLERANCE
+    if split < len(choice.token_ids):
+        labelled_new = choice.logprobs[split:]
+        to_old, to_new = max_abs_diff(labelled_new, old[split:]), max_abs_diff(labelled_new, new[split:])
+        print(f"\nin flight, tokens labelled new: max diff to the old adapter {to_old:.3g}, to the new {to_new:.3g}")
+        assert max_abs_diff(labelled_new, new[split:]) > 100 * TOLERANCE
 
 
 def dir_bytes(path: Path) -> int:
