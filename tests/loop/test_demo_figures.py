@@ -3,15 +3,13 @@ its markers and the plot come from the run's logs, the rest is left alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+from script_module import load_script
+
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("demo_figures", REPO / "scripts" / "demo_figures.py")
-assert _spec is not None and _spec.loader is not None
-demo_figures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(demo_figures)
+demo_figures = load_script("demo_figures")
 
 
 def write_run(run: Path) -> None:

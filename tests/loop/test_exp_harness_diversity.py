@@ -3,21 +3,16 @@ runs it asks `legorl train` for, and the table it builds from results."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 from legorl_jax.core.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("exp_harness_diversity", REPO / "scripts" / "exp_harness_diversity.py")
-assert _spec is not None and _spec.loader is not None
-exp = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = exp  # dataclasses look their module up there
-_spec.loader.exec_module(exp)
+exp = load_script("exp_harness_diversity")
 
 
 def lego(**options: str) -> str:

@@ -3,12 +3,11 @@ table; and the oracle teacher's rollouts directory as `legorl sft` reads it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 from legorl_jax.core.config import load_config
 from legorl_jax.demo.demonstrations import Demonstration
@@ -18,11 +17,7 @@ from legorl_jax.train.collect import Keep
 from legorl_jax.train.sft_data import read_sft_data
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("exp_rl_vs_sft", REPO / "scripts" / "exp_rl_vs_sft.py")
-assert _spec is not None and _spec.loader is not None
-exp = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = exp  # dataclasses look their module up there
-_spec.loader.exec_module(exp)
+exp = load_script("exp_rl_vs_sft")
 
 
 def test_every_trained_arm_spends_the_same_episodes(tmp_path: Path) -> None:

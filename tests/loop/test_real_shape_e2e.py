@@ -14,7 +14,6 @@ per-token text) would hardly run.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from process_report import failure_report
+from script_module import load_script
 
 from .test_train_e2e import train_command
 
@@ -33,11 +33,7 @@ SHAPE = "smollm2-135m"
 
 def shape_preset(name: str) -> dict:
     """A `scripts/bench_engine.py --shape` preset, so the test and the benchmark build one shape."""
-    spec = importlib.util.spec_from_file_location("bench_engine", REPO / "scripts" / "bench_engine.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return dict(module.SHAPES[name])
+    return dict(load_script("bench_engine").SHAPES[name])
 
 
 def pseudo_words(documents: int = 2000, words: int = 200, seed: int = 0) -> list[str]:
