@@ -27,6 +27,7 @@ from jax.sharding import Mesh
 from legorl_jax.core.config import LoraTarget
 from legorl_jax.core.errors import InputError
 from legorl_jax.core.safetensors_io import SafetensorsFile, save_file
+from legorl_jax.core.weight_layout import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from legorl_jax.models.hf_names import tensor_map
 from legorl_jax.models.linear import Linear
 from legorl_jax.models.sharding import param_sharding
@@ -154,8 +155,8 @@ def save_peft(model: CausalLM, out_dir: str | os.PathLike[str], *, base_model: s
         "inference_mode": True,
         "modules_to_save": None,
     }
-    save_file(peft_tensors(model), out / "adapter_model.safetensors")
-    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(peft_tensors(model), out / ADAPTER_WEIGHTS_FILE)
+    (out / ADAPTER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return out
 
 
@@ -164,7 +165,7 @@ def load_peft(model: CausalLM, adapter_dir: str | os.PathLike[str], *, mesh: Mes
     `save_peft` writes is taken: plain LoRA on a list of projection names; DoRA, rsLoRA,
     per-module ranks or a tensor the model has no place for are refused by name."""
     adapter_dir = Path(adapter_dir)
-    config_file, weights = adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors"
+    config_file, weights = adapter_dir / ADAPTER_CONFIG_FILE, adapter_dir / ADAPTER_WEIGHTS_FILE
     if not config_file.is_file() or not weights.is_file():
         raise LoraError(f"{adapter_dir}: a PEFT adapter needs adapter_config.json and adapter_model.safetensors")
     config = json.loads(config_file.read_text())

@@ -18,6 +18,7 @@ import jax
 from flax import nnx
 
 from legorl_jax.core.allocator import release_freed_memory
+from legorl_jax.core.weight_layout import ADAPTER_CONFIG_FILE
 from legorl_jax.serve.engine import Engine
 from legorl_jax.serve.step import DeviceStep
 
@@ -61,7 +62,7 @@ class ServedModel:
         the base) and installs them. Returns the new weight version. Serialised: one reload at a time."""
         path = Path(weights_path)
         with self._reload_lock:
-            if (path / "adapter_config.json").is_file():
+            if (path / ADAPTER_CONFIG_FILE).is_file():
                 graphdef, state, config = self._merged(path)
             else:
                 graphdef, state, config = _load(path, self.dtype)
