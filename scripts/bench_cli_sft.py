@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The CLI demo model's SFT step on real CLI episodes: the demo's private step against the learner's.
+"""The CLI demo model's SFT step on real CLI episodes: with prefix sharing against without.
 
 Records oracle episodes through real CLIs (`legorl_jax/demo/cli_demonstrations.py`:
 each CLI in Docker, the real proxy, graded; needs scripts/setup's CLI installs)
@@ -11,18 +11,18 @@ build records them again instead: token boundaries at the runs' edges can
 differ by a token; the shapes are the build's).
 
 Then, per CLI, one step's batch as the CLI spec draws it (`sft.batch_size`
-sequences of one CLI, `batch_by_config`) at the CLI model's shape (f32) through:
+sequences of one CLI, `batch_by_config`) at the CLI model's shape (f32)
+through the warm start's step (`legorl sft`'s `Learner` with the `nll` loss,
+`legorl_jax/demo/sft.py` `learner_config`: the spec's buckets up to
+`row_tokens`, its token budget, fitted micro-batches), twice:
 
-- demo: the private SFT step (`legorl_jax/demo/sft.py`: `pack_rows` with the
-  spec's buckets up to `row_tokens`, `micro_batch_tokens`, prefix sharing,
-  loss + gradient per call, one AdamW update);
-- learner: `legorl sft`'s step (`train/step.py`'s `Learner` with the `nll`
-  loss, `learner.share_prefixes`, its fitted micro-batches), with the same
-  buckets and token budget;
+- unshared (the baseline): every sequence whole;
+- shared (the build's): prompts the batch's sequences share laid out once as
+  a trie (`learner.share_prefixes`);
 
-and prints per path the best wall seconds of a whole step (after a compiling
-one), the tokens computed and token slots, `batch/shared_token_frac`, the loss,
-and the ratios.
+and prints per layout the best wall seconds of a whole step (pack, loss and
+gradient, AdamW update; after a compiling one), the tokens computed and token
+slots, `batch/shared_token_frac`, the loss, and the ratios.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_cli_sft.py [--harnesses a,b,c] [--tasks 2] [--repeats 2]
 """
@@ -116,89 +116,54 @@ def _sequences(rows: list[dict[str, Any]]) -> list[Any]:
 
 
 def bench(rows: list[dict[str, Any]], repeats: int) -> dict[str, Any]:
-    """One step's batch (`rows`, one CLI's) through the demo's private step and the learner's."""
+    """One step's batch (`rows`, one CLI's) through the warm start's step, with prefix sharing
+    (the CLI spec's) and without it (the baseline)."""
     import jax
     from bench_sft import cli_model
 
-    from legorl_jax.core.config import LearnerConfig, MeshConfig, OptimizerConfig, RLConfig
+    from legorl_jax.core.config import MeshConfig, RLConfig
     from legorl_jax.demo.cli_model import CLI_DEMO_SPEC
     from legorl_jax.demo.demonstrations import Demonstration
-    from legorl_jax.demo.sft import make_optimizer, pack_rows, prepare, sft_buckets, sft_update
-    from legorl_jax.rl.batching import pack_step
+    from legorl_jax.demo.sft import learner_config, prepare
     from legorl_jax.train.sft import sft_rl
     from legorl_jax.train.sharding import learner_mesh
     from legorl_jax.train.step import Learner
 
     sft = CLI_DEMO_SPEC.sft
     demos = [Demonstration(r["task"], r["harness"], r["plan"], ((tuple(r["ids"]), tuple(r["mask"])),)) for r in rows]
-    data = prepare(demos, pad_id=0)
-    width = data.tokens.shape[1]
-    buckets = sft_buckets(width, max(sft.row_tokens or width, width))
-    budget = max(sft.micro_batch_tokens or 0, buckets[-1])
+    # The build's layout for this batch: its buckets up to row_tokens (or the longest row, when longer).
+    width = prepare(demos, pad_id=0).tokens.shape[1]
+    shared = learner_config(sft.model_copy(update={"row_tokens": max(sft.row_tokens or width, width)}), width)
     seqs = _sequences(rows)
     out: dict[str, Any] = {
         "sequences": len(rows),
         "tokens": int(sum(len(r["ids"]) for r in rows)),
         "loss_tokens": int(sum(sum(r["mask"]) for r in rows)),
         "longest": int(max(len(r["ids"]) for r in rows)),
-        "unshared_computed_tokens": int(
-            pack_step(seqs, buckets=buckets, micro_batch_tokens=budget, share_prefixes=False).stats[
-                "batch/computed_tokens"
-            ]
-        ),
     }
-
-    def report(packed: Any, seconds: list[float], loss: float) -> dict[str, Any]:
-        return {
+    mesh = learner_mesh(MeshConfig())
+    for name, cfg in (("unshared", shared.model_copy(update={"share_prefixes": False})), ("shared", shared)):
+        learner = Learner(cli_model(), sft_rl(RLConfig()), cfg, mesh)
+        seconds, losses = [], []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            packed = learner.pack(seqs)
+            losses.append(learner.update(packed).metrics["loss"])
+            seconds.append(time.perf_counter() - start)
+        out[name] = {
             "step_s": round(min(seconds[1:]), 3),
             "first_step_s": round(seconds[0], 2),
-            "loss": loss,
+            "loss": losses[0],
             "calls": len(packed.micro_batches),
             "row_shapes": sorted({tuple(mb.tokens.shape) for mb in packed.micro_batches}),
             "computed_tokens": int(packed.stats["batch/computed_tokens"]),
             "token_slots": int(sum(mb.tokens.size for mb in packed.micro_batches)),
             "shared_token_frac": round(packed.stats["batch/shared_token_frac"], 4),
         }
-
-    # The demo's private step: its packing, loss + gradient per call, one AdamW update.
-    model = cli_model()
-    optimizer = make_optimizer(model, sft)
-    seconds, losses = [], []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        packed = pack_rows(data, range(len(rows)), buckets=buckets, micro_batch_tokens=budget, share_prefixes=True)
-        losses.append(sft_update(model, optimizer, packed))
-        seconds.append(time.perf_counter() - start)
-    out["demo"] = report(packed, seconds, losses[0])
-    print("demo", json.dumps(out["demo"]), flush=True)
-    del model, optimizer
-
-    # `legorl sft`'s step: the learner with the nll loss, the same buckets and budget.
-    learner_cfg = LearnerConfig(
-        micro_batch_tokens=budget,
-        length_buckets=buckets,
-        share_prefixes=True,
-        optimizer=OptimizerConfig(
-            learning_rate=sft.learning_rate,
-            warmup_steps=sft.warmup_steps,
-            schedule="cosine",
-            total_steps=sft.max_steps,
-            weight_decay=sft.weight_decay,
-            grad_clip_norm=sft.grad_clip_norm,
-        ),
-    )
-    mesh = learner_mesh(MeshConfig())
-    learner = Learner(cli_model(), sft_rl(RLConfig()), learner_cfg, mesh)
-    seconds, losses = [], []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        packed = learner.pack(seqs)
-        losses.append(learner.update(packed).metrics["loss"])
-        seconds.append(time.perf_counter() - start)
-    out["learner"] = report(packed, seconds, losses[0])
-    print("learner", json.dumps(out["learner"]), flush=True)
-    out["time_ratio"] = round(out["learner"]["step_s"] / out["demo"]["step_s"], 3)
-    out["loss_rel_diff"] = abs(out["learner"]["loss"] / out["demo"]["loss"] - 1)
+        print(name, json.dumps(out[name]), flush=True)
+        del learner
+    out["time_ratio"] = round(out["shared"]["step_s"] / out["unshared"]["step_s"], 3)
+    out["loss_rel_diff"] = abs(out["shared"]["loss"] / out["unshared"]["loss"] - 1)
     out["platform"] = jax.devices()[0].platform
     return out
 
@@ -207,7 +172,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--harnesses", default="mini-swe-agent,opencode,codex")
     parser.add_argument("--tasks", type=int, default=2, help="Generated tasks recorded (each with both plans).")
-    parser.add_argument("--repeats", type=int, default=2, help="Timed steps per path after the compiling one.")
+    parser.add_argument("--repeats", type=int, default=2, help="Timed steps per layout after the compiling one.")
     parser.add_argument("--only", default="", help="Bench only these CLIs (comma-separated); default all recorded.")
     args = parser.parse_args()
     harnesses = args.harnesses.split(",")

@@ -6,7 +6,7 @@ One CLI's demonstrations in miniature: a long system prompt shared by all
 8,192-entry tokenizer), then per demonstration its own tail (`--tail` tokens:
 a fifth the task's user turn, the rest the answer). The model has the CLI demo
 model's shape (`legorl_jax/demo/cli_model.py`), f32. Both layouts go through
-the same code (`sft.pack_rows`, `sft.packed_loss_and_grads`) in this process:
+the warm start's step (`legorl sft`'s `Learner`, `Learner.accumulate`) in this process:
 
 - padded (before): each demonstration its own row, padded to the longest,
   one row per call: what a step of the CLI spec's old batch of 1 computed;
@@ -33,11 +33,15 @@ import jax
 import numpy as np
 from flax import nnx
 
+from legorl_jax.core.config import LearnerConfig, MeshConfig, RLConfig
 from legorl_jax.demo.cli_model import CLI_DEMO_SPEC
 from legorl_jax.demo.demonstrations import Demonstration
-from legorl_jax.demo.sft import SFTData, pack_rows, packed_loss_and_grads, prepare, sft_buckets
+from legorl_jax.demo.sft import SFTData, learner_config, prepare, step_sequences
 from legorl_jax.models import CausalLM, ModelConfig
 from legorl_jax.rl.batching import PackedStep
+from legorl_jax.train.sft import sft_rl
+from legorl_jax.train.sharding import learner_mesh
+from legorl_jax.train.step import Learner
 
 
 def cli_like(prefix: int, tail: int, demos: int, vocab: int, seed: int = 0) -> list[Demonstration]:
@@ -72,35 +76,29 @@ def cli_model() -> CausalLM:
     return CausalLM(config, rngs=nnx.Rngs(0))
 
 
-def layouts(data: SFTData) -> dict[str, PackedStep]:
+def layouts(model: CausalLM, data: SFTData) -> dict[str, tuple[Learner, PackedStep]]:
+    """Per layout, a learner packing that way and its packing of every demonstration as one step."""
     rows = list(range(len(data.tokens)))
     width = data.tokens.shape[1]
-    sft = CLI_DEMO_SPEC.sft
-    buckets = sft_buckets(width, sft.row_tokens)
-    return {
-        "padded": pack_rows(
-            data, rows, buckets=[width], micro_batch_tokens=width, share_prefixes=False, max_segments=1
-        ),
-        "packed": pack_rows(
-            data,
-            rows,
-            buckets=buckets,
-            micro_batch_tokens=sft.micro_batch_tokens or sft.batch_size * buckets[-1],
-            share_prefixes=sft.share_prefixes,
-        ),
+    padded = LearnerConfig(length_buckets=[width], micro_batch_tokens=width, share_prefixes=False)
+    mesh = learner_mesh(MeshConfig())
+    learners = {
+        "padded": Learner(model, sft_rl(RLConfig()), padded, mesh, max_segments=1),
+        "packed": Learner(model, sft_rl(RLConfig()), learner_config(CLI_DEMO_SPEC.sft, width), mesh),
     }
+    return {name: (learner, learner.pack(step_sequences(data, rows))) for name, learner in learners.items()}
 
 
-def timed(model: CausalLM, packed: PackedStep, repeats: int) -> tuple[float, float]:
+def timed(learner: Learner, packed: PackedStep, repeats: int) -> tuple[float, float]:
     """(best wall seconds, loss) of the loss and gradient over the packed step, after a compiling call."""
-    loss, grads = packed_loss_and_grads(model, packed)
+    grads, numerator, _ = learner.accumulate(packed)
     jax.block_until_ready(grads)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(packed_loss_and_grads(model, packed)[1])
+        jax.block_until_ready(learner.accumulate(packed)[0])
         best = min(best, time.perf_counter() - start)
-    return best, loss
+    return best, float(numerator) / packed.normaliser
 
 
 def main() -> None:
@@ -121,8 +119,8 @@ def main() -> None:
         "platform": jax.devices()[0].platform,
         "host_cpus": os.cpu_count(),
     }
-    for name, packed in layouts(data).items():
-        seconds, loss = timed(model, packed, args.repeats)
+    for name, (learner, packed) in layouts(model, data).items():
+        seconds, loss = timed(learner, packed, args.repeats)
         report[name] = {
             "seconds": round(seconds, 3),
             "loss": loss,

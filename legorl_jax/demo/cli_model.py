@@ -40,9 +40,6 @@ CLI_DEMO_SPEC = DemoModelSpec(
     # episode) is laid out once, with their own tokens after it, in a row of up to 12,288 tokens; one row
     # per call bounds memory on a small CPU machine (docs/benchmarks.md, "SFT packing").
     sft=SFTConfig(batch_size=8, eval_groups=8, batch_by_config=True, row_tokens=12288, micro_batch_tokens=12288),
-    # `legorl sft`'s learner step: on these episodes it packs alike, gives the same loss and is no slower
-    # than the demo's own (scripts/bench_cli_sft.py, docs/benchmarks.md, "CLI SFT through the learner").
-    sft_step="learner",
 )
 
 

@@ -29,7 +29,7 @@ import shutil
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -95,11 +95,6 @@ class DemoModelSpec(BaseModel):
         "often as the working plan, the warm start acts on about a third of its episodes.",
     )
     sft: SFTConfig = SFTConfig()
-    sft_step: Literal["demo", "learner"] = Field(
-        "demo",
-        description="Whose step SFT trains with: demo/sft.py's own, or `legorl sft`'s Learner with the nll loss "
-        "(learner_sft.py: the same rows, packing, schedule and stop at the target).",
-    )
 
 
 def demo_training_tasks(config: Config | None = None) -> list[Task]:
@@ -130,10 +125,6 @@ def _source_files(spec: DemoModelSpec) -> Iterator[tuple[str, bytes]]:
         yield module.__name__, Path(module.__file__ or "").read_bytes()
     for path in sorted(Path(lego.__file__ or "").parent.glob("*.py")):
         yield f"lego/{path.name}", path.read_bytes()
-    if spec.sft_step == "learner":
-        from legorl_jax.demo import learner_sft
-
-        yield learner_sft.__name__, Path(learner_sft.__file__ or "").read_bytes()
     if spec.cli_harnesses:
         from legorl_jax.demo import cli_demonstrations
 
@@ -241,12 +232,7 @@ def build_demo_model(
             if estimate is not None:
                 bar.set_postfix({"loss": f"{loss:.3f}", "pass_est": f"{estimate:.2f}"}, refresh=False)
 
-        if spec.sft_step == "learner":
-            from legorl_jax.demo.learner_sft import train_sft_learner
-
-            model, result = train_sft_learner(model, data, spec.sft, on_step=on_step)
-        else:
-            result = train_sft(model, data, spec.sft, on_step=on_step)
+        model, result = train_sft(model, data, spec.sft, on_step=on_step)
     final = evaluate(model, data)
     to_hf(model, out_dir, tokenizer_from=init_dir)
     shutil.rmtree(work)

@@ -1,15 +1,18 @@
-"""Supervised warm start: cross-entropy on the assistant tokens of demonstrations.
+"""Supervised warm start: cross-entropy on the assistant tokens of demonstrations, through
+`legorl sft`'s step.
 
-Small on purpose: AdamW from optax over jitted nnx micro-steps. A step's
-demonstrations are packed by the learner's packer (`legorl_jax.rl.batching`):
-rows padded only to their length bucket, and, with `share_prefixes`,
-demonstrations that start alike (one CLI's long system prompt) laid out as a
-trie so the shared prefix is computed once per row. Only prompt tokens are
-shared and padding is masked, so the loss is exactly the padded one's.
-Training stops as soon as the policy would reproduce a demonstration with the
-target probability when sampling at temperature 1 (`pass_estimate`),
-so the warm-started model is able but unreliable: it passes sometimes, and RL
-has room to raise the rate. `max_steps` bounds the time either way.
+The step is `train/step.py`'s `Learner` with the `nll` loss (`train/sft.py`
+`sft_rl`): a step's demonstrations are packed by the learner's packer
+(`legorl_jax.rl.batching`): rows padded only to their length bucket, and,
+with `share_prefixes`, demonstrations that start alike (one CLI's long system
+prompt) laid out as a trie so the shared prefix is computed once per row.
+Only prompt tokens are shared and padding is masked, so the loss is exactly
+the padded one's. What is the demo's own is around the step: which rows a step
+takes, the schedule, and the stop: training ends as soon as the policy would
+reproduce a demonstration with the target probability when sampling at
+temperature 1 (`pass_estimate`), so the warm-started model is able but
+unreliable: it passes sometimes, and RL has room to raise the rate.
+`max_steps` bounds the time either way.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from pydantic import BaseModel, ConfigDict, Field
 
+from legorl_jax.core.config import LearnerConfig, MeshConfig, OptimizerConfig, RLConfig
 from legorl_jax.demo.demonstrations import Demonstration
 from legorl_jax.models import CausalLM, token_logprobs
-from legorl_jax.rl.batching import MicroBatch, PackedStep, TrainSequence, pack_step
+from legorl_jax.rl.batching import TrainSequence
+from legorl_jax.train.sft import sft_rl
+from legorl_jax.train.sharding import learner_mesh
+from legorl_jax.train.step import Learner
 
 _LENGTH_QUANTUM = 128
 # Bucket lengths: 512, 768, 1024, 1536, ... (a row padded by a third at most). Below 512 a
@@ -149,78 +155,6 @@ def step_sequences(data: SFTData, rows: Sequence[int]) -> list[TrainSequence]:
     ]
 
 
-def pack_rows(
-    data: SFTData,
-    rows: Sequence[int],
-    *,
-    buckets: Sequence[int],
-    micro_batch_tokens: int,
-    share_prefixes: bool,
-    max_segments: int = 16,
-) -> PackedStep:
-    """The learner's packing of `rows` as one step (token-mean loss), cut to their real lengths.
-
-    `buckets=[width]` with `max_segments=1` and no sharing is the padded layout:
-    one demonstration per row, every row as long as the longest.
-    """
-    return pack_step(
-        step_sequences(data, rows),
-        buckets=list(buckets),
-        micro_batch_tokens=micro_batch_tokens,
-        aggregation="token_mean",
-        max_segments=max_segments,
-        share_prefixes=share_prefixes,
-    )
-
-
-def _batch(mb: MicroBatch) -> dict[str, jax.Array]:
-    """Model inputs and loss weights; the tree arrays only for tree rows (a trace of their own)."""
-    keys = ["tokens", "positions", "segment_ids", "loss_weight"] + (["kv_end", "pred_from"] if mb.tree else [])
-    return {k: jnp.asarray(getattr(mb, k)) for k in keys}
-
-
-def _micro_loss(model: CausalLM, batch: dict[str, jax.Array], normaliser: jax.Array) -> jax.Array:
-    """This micro-batch's share of the step's mean NLL over assistant tokens."""
-    logp = token_logprobs(
-        model,
-        batch["tokens"],
-        positions=batch["positions"],
-        segment_ids=batch["segment_ids"],
-        kv_end=batch.get("kv_end"),
-        pred_from=batch.get("pred_from"),
-    )
-    return -(logp * batch["loss_weight"]).sum() / normaliser
-
-
-@nnx.jit
-def _micro_grads(model: CausalLM, batch: dict[str, jax.Array], normaliser: jax.Array) -> tuple[jax.Array, nnx.State]:
-    return nnx.value_and_grad(_micro_loss)(model, batch, normaliser)
-
-
-@nnx.jit
-def _apply(optimizer: nnx.Optimizer, model: CausalLM, grads: nnx.State) -> None:
-    optimizer.update(model, grads)
-
-
-def packed_loss_and_grads(model: CausalLM, packed: PackedStep) -> tuple[float, nnx.State]:
-    """The step's mean NLL over assistant tokens and its gradient, summed over micro-batches."""
-    normaliser = jnp.float32(packed.normaliser)
-    parts, grads = [], None
-    for mb in packed.micro_batches:
-        part, g = _micro_grads(model, _batch(mb), normaliser)
-        parts.append(part)  # read back once at the end, so calls queue without waiting
-        grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
-    assert grads is not None  # pack_step never returns an empty step
-    return float(sum(parts)), grads
-
-
-def sft_update(model: CausalLM, optimizer: nnx.Optimizer, packed: PackedStep) -> float:
-    """One optimizer step on a packed step; returns its loss (before the update)."""
-    loss, grads = packed_loss_and_grads(model, packed)
-    _apply(optimizer, model, grads)
-    return loss
-
-
 def _masked_logprobs(model: CausalLM, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """log p of every next token, and the mask shifted onto the predicted positions."""
     return token_logprobs(model, tokens), mask[:, 1:]
@@ -301,21 +235,6 @@ def evaluate(model: CausalLM, data: SFTData) -> Evaluation:
     )
 
 
-def make_optimizer(model: CausalLM, config: SFTConfig) -> nnx.Optimizer:
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0,
-        config.learning_rate,
-        max(config.warmup_steps, 1),
-        max(config.max_steps, config.warmup_steps + 1),
-        end_value=config.learning_rate / DEMO_LR_DECAY,
-    )
-    tx = optax.chain(
-        optax.clip_by_global_norm(config.grad_clip_norm),
-        optax.adamw(schedule, weight_decay=config.weight_decay),
-    )
-    return nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-
 @dataclass
 class SFTResult:
     steps: int
@@ -391,23 +310,41 @@ def train_steps(
     return result
 
 
+def learner_config(config: SFTConfig, width: int) -> LearnerConfig:
+    """The learner section that trains like `config` on demonstrations up to `width` tokens
+    (padded): its buckets and token budget, prefix sharing, and the demo's schedule (warm-up,
+    cosine to a twentieth of the peak) and weight decay."""
+    buckets, budget = step_layout(config, width)
+    optimizer = OptimizerConfig(
+        learning_rate=config.learning_rate,
+        warmup_steps=max(config.warmup_steps, 1),
+        schedule="cosine",
+        total_steps=max(config.max_steps, config.warmup_steps + 1),
+        final_lr_fraction=1 / DEMO_LR_DECAY,
+        weight_decay=config.weight_decay,
+        grad_clip_norm=config.grad_clip_norm,
+    )
+    return LearnerConfig(
+        optimizer=optimizer, micro_batch_tokens=budget, length_buckets=buckets, share_prefixes=config.share_prefixes
+    )
+
+
 def train_sft(
     model: CausalLM,
     data: SFTData,
     config: SFTConfig = SFTConfig(),
     *,
     on_step: Callable[[int, float, float | None], None] | None = None,
-) -> SFTResult:
-    """Train `model` in place until the pass estimate reaches the target or `max_steps` pass
-    (`train_steps`). `on_step` sees (step, training loss, the pass estimate when one was
-    computed this step)."""
-    buckets, budget = step_layout(config, data.tokens.shape[1])
-    optimizer = make_optimizer(model, config)
+) -> tuple[CausalLM, SFTResult]:
+    """Train a copy of `model` with `legorl sft`'s step until the pass estimate reaches the
+    target or `max_steps` pass (`train_steps`); returns the trained model and what happened
+    (`model` is left as it was). `on_step` sees (step, training loss, the pass estimate when one
+    was computed this step)."""
+    cfg = learner_config(config, data.tokens.shape[1])
+    learner = Learner(model, sft_rl(RLConfig()), cfg, learner_mesh(MeshConfig()))
 
     def update(picked: list[int]) -> float:
-        packed = pack_rows(
-            data, picked, buckets=buckets, micro_batch_tokens=budget, share_prefixes=config.share_prefixes
-        )
-        return sft_update(model, optimizer, packed)
+        return float(learner.update(learner.pack(step_sequences(data, picked))).metrics["loss"])
 
-    return train_steps(data, config, update, lambda: model, on_step=on_step)
+    result = train_steps(data, config, update, learner.model, on_step=on_step)
+    return learner.model(), result

@@ -28,11 +28,9 @@ def test_the_cli_spec_records_through_known_clis_and_hashes_their_sources() -> N
     lego_sources = dict(demo_model._source_files(DemoModelSpec()))
     assert "legorl_jax.demo.cli_demonstrations" in sources and "harnesses/claude_code.py" in sources
     assert {pin.name for pin in CLI_PINS} <= set(sources)
-    # The lego demo model's key does not move with the CLI recorder's source, nor with the learner path
-    # only the CLI spec trains through (`sft_step`).
+    # The lego demo model's key does not move with the CLI recorder's source; both keys move with the warm start's.
     assert "legorl_jax.demo.cli_demonstrations" not in lego_sources
-    assert CLI_DEMO_SPEC.sft_step == "learner" and DemoModelSpec().sft_step == "demo"
-    assert "legorl_jax.demo.learner_sft" in sources and "legorl_jax.demo.learner_sft" not in lego_sources
+    assert "legorl_jax.demo.sft" in sources and "legorl_jax.demo.sft" in lego_sources
 
 
 def test_cache_key_moves_with_the_cli_harnesses() -> None:

@@ -1,5 +1,5 @@
-"""The supervised warm start on a tiny model: masking, exact bucketed and prefix-shared packing,
-loss going down, the stopping rule."""
+"""The supervised warm start on a tiny model, through `legorl sft`'s learner step: masking, exact
+bucketed and prefix-shared packing, loss going down, the stopping rule."""
 
 from __future__ import annotations
 
@@ -12,22 +12,26 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from legorl_jax.core.config import LearnerConfig, MeshConfig, RLConfig
 from legorl_jax.demo.demonstrations import Demonstration
 from legorl_jax.demo.sft import (
     SFTConfig,
     SFTData,
     evaluate,
-    pack_rows,
-    packed_loss_and_grads,
     pass_estimate,
     prepare,
     sample_groups,
     sft_buckets,
+    step_sequences,
     train_sft,
 )
 from legorl_jax.demo.sft import _step_rows as step_rows
 from legorl_jax.models import from_hf, token_logprobs
 from legorl_jax.models.demo_assets import build_tiny_hf_model
+from legorl_jax.rl.batching import PackedStep
+from legorl_jax.train.sft import sft_rl
+from legorl_jax.train.sharding import learner_mesh
+from legorl_jax.train.step import Learner
 
 
 @pytest.fixture(scope="module")
@@ -84,14 +88,30 @@ def padded_loss(model: Any, data: SFTData, rows: list[int]) -> Any:
     return -(token_logprobs(model, tokens) * mask).sum() / mask.sum()
 
 
-def assert_matches_padded(model: Any, data: SFTData, rows: list[int], **packing: Any) -> None:
-    """Loss and every gradient of the packed step equal the padded reference's (f32)."""
-    loss, grads = packed_loss_and_grads(model, pack_rows(data, rows, **packing))
+def sft_learner(model: Any, buckets: list[int], budget: int, share_prefixes: bool) -> Learner:
+    """`legorl sft`'s learner (what `train_sft` builds) with these buckets and token budget."""
+    cfg = LearnerConfig(micro_batch_tokens=budget, length_buckets=buckets, share_prefixes=share_prefixes)
+    return Learner(model, sft_rl(RLConfig()), cfg, learner_mesh(MeshConfig()))
+
+
+def learner_loss_and_grads(learner: Learner, packed: PackedStep) -> tuple[float, Any]:
+    """The step's loss and gradient before the update: the accumulated numerator over the normaliser."""
+    grads, numerator, _ = learner.accumulate(packed)
+    return float(numerator) / packed.normaliser, jax.tree.map(lambda g: g / packed.normaliser, grads)
+
+
+def assert_matches_padded(model: Any, data: SFTData, rows: list[int], learner: Learner, packed: PackedStep) -> None:
+    """Loss and every gradient of the learner's packed step equal the padded reference's (f32)."""
+    loss, grads = learner_loss_and_grads(learner, packed)
     ref_loss, ref_grads = nnx.value_and_grad(padded_loss)(model, data, rows)
     assert loss == pytest.approx(float(ref_loss), rel=1e-5)
-    for (path, got), want in zip(jax.tree.leaves_with_path(grads), jax.tree.leaves(ref_grads), strict=True):
+    # The reference's leaves are nnx Variables' values, named with a trailing ".value".
+    want_by_path = {jax.tree_util.keystr(p).removesuffix(".value"): w for p, w in jax.tree.leaves_with_path(ref_grads)}
+    got_by_path = {jax.tree_util.keystr(p): g for p, g in jax.tree.leaves_with_path(grads)}
+    assert got_by_path.keys() == want_by_path.keys()
+    for path, want in want_by_path.items():
         scale = float(jnp.abs(want).max())
-        assert float(jnp.abs(got - want).max()) <= 1e-5 * scale + 1e-9, jax.tree_util.keystr(path)
+        assert float(jnp.abs(got_by_path[path] - want).max()) <= 1e-5 * scale + 1e-9, path
 
 
 def test_loss_counts_only_masked_tokens(tiny_model: Any) -> None:
@@ -100,9 +120,8 @@ def test_loss_counts_only_masked_tokens(tiny_model: Any) -> None:
     one[0, 5] = 1.0  # only the prediction of token 5
     single = SFTData(data.tokens[:1], one, data.episode[:1], ((0,),), data.lengths[:1], data.config[:1])
     expected = -row_logprobs(tiny_model, jnp.asarray(data.tokens[:1]))[0, 4]
-    loss, _ = packed_loss_and_grads(
-        tiny_model, pack_rows(single, [0], buckets=[8, 128], micro_batch_tokens=128, share_prefixes=False)
-    )
+    learner = sft_learner(tiny_model, [8, 128], 128, share_prefixes=False)
+    loss, _ = learner_loss_and_grads(learner, learner.pack(step_sequences(single, [0])))
     assert loss == pytest.approx(float(expected), rel=1e-5)
 
 
@@ -128,45 +147,48 @@ def test_bucketed_packing_is_the_padded_loss(tiny_model: Any) -> None:
     data = prepare([*short_demos(), *long_prompt_demos()], pad_id=0)
     assert sft_buckets(data.tokens.shape[1]) == [256]  # the longest (189 tokens) pads to 256
     rows = list(range(len(data.tokens)))
-    packing: dict[str, Any] = {"buckets": [16, 64, 256], "micro_batch_tokens": 256, "share_prefixes": False}
-    packed = pack_rows(data, rows, **packing)
-    # Short demonstrations fill the rows of long ones; a row per call, so five calls.
-    assert len(packed.micro_batches) == 5 and max(mb.segment_ids.max() for mb in packed.micro_batches) > 1
+    learner = sft_learner(tiny_model, [16, 64, 256], 256, share_prefixes=False)
+    packed = learner.pack(step_sequences(data, rows))
+    # Short demonstrations fill the rows of long ones; a row per call, so several calls.
+    assert len(packed.micro_batches) > 1 and max(mb.segment_ids.max() for mb in packed.micro_batches) > 1
     assert packed.stats["batch/shared_token_frac"] == 0
     # Short ones alone take a short bucket, not the longest demonstration's width.
-    assert pack_rows(data, [0, 1, 2, 3], **packing).micro_batches[0].tokens.shape == (1, 64)
-    assert_matches_padded(tiny_model, data, rows, **packing)
+    assert learner.pack(step_sequences(data, [0, 1, 2, 3])).micro_batches[0].tokens.shape == (1, 64)
+    assert_matches_padded(tiny_model, data, rows, learner, packed)
 
 
 def test_shared_prefix_packing_is_the_unshared_loss(tiny_model: Any) -> None:
     """The system prompt once per row as a trie: same loss and gradients, far fewer tokens computed."""
     data = prepare(long_prompt_demos(), pad_id=0)
     rows = [4, 0, 2, 1, 3]
-    packing: dict[str, Any] = {"buckets": [512], "micro_batch_tokens": 512, "share_prefixes": True}
-    packed = pack_rows(data, rows, **packing)
+    learner = sft_learner(tiny_model, [512], 512, share_prefixes=True)
+    packed = learner.pack(step_sequences(data, rows))
     (mb,) = packed.micro_batches
     assert mb.tree and mb.tokens.shape == (1, 512)
     # The 150-token prompt once (not five times), task 0's 3-token user turn once (not twice).
     assert packed.stats["batch/computed_tokens"] == sum(data.lengths[rows]) - 4 * 150 - 3
-    assert_matches_padded(tiny_model, data, rows, **packing)
+    assert_matches_padded(tiny_model, data, rows, learner, packed)
     # A row too short for the whole trie splits it, each part with its own copy of the prompt.
-    split: dict[str, Any] = {"buckets": [256], "micro_batch_tokens": 512, "share_prefixes": True}
-    assert pack_rows(data, rows, **split).micro_batches[0].tokens.shape == (2, 256)
-    assert_matches_padded(tiny_model, data, rows, **split)
+    split = sft_learner(tiny_model, [256], 512, share_prefixes=True)
+    packed = split.pack(step_sequences(data, rows))
+    assert packed.micro_batches[0].tokens.shape == (2, 256)
+    assert_matches_padded(tiny_model, data, rows, split, packed)
 
 
 def test_training_lowers_the_loss_and_raises_the_pass_estimate(tiny_model: Any) -> None:
+    """`train_sft` trains a copy: the given model is left as it was."""
     data = prepare(short_demos(), pad_id=0)
     before = evaluate(tiny_model, data)
     config = SFTConfig(max_steps=25, batch_size=4, learning_rate=1e-2, warmup_steps=2, eval_every=25, target_pass=1.0)
-    result = train_sft(tiny_model, data, config)
-    after = evaluate(tiny_model, data)
+    trained, result = train_sft(tiny_model, data, config)
+    after = evaluate(trained, data)
     assert result.steps == 25 and not result.reached_target
     assert after.loss < 0.5 * before.loss
     assert result.losses[-1] < result.losses[0]
     assert after.episode_pass_estimate > before.episode_pass_estimate
     assert after.token_accuracy > before.token_accuracy
     assert result.pass_estimates[-1] == (25, pytest.approx(after.episode_pass_estimate))
+    assert evaluate(tiny_model, data) == before
 
 
 def test_steps_by_configuration_cover_each_epoch() -> None:
@@ -201,7 +223,7 @@ def test_training_stops_at_the_target(tiny_model: Any) -> None:
     data = prepare(short_demos(), pad_id=0)
     config = SFTConfig(max_steps=50, batch_size=4, eval_every=3, target_pass=1e-300)
     seen: list[int] = []
-    result = train_sft(tiny_model, data, config, on_step=lambda step, loss, estimate: seen.append(step))
+    _, result = train_sft(tiny_model, data, config, on_step=lambda step, loss, estimate: seen.append(step))
     assert result.reached_target and result.steps == 3 and seen == [1, 2, 3]
     assert [step for step, _ in result.pass_estimates] == [3]
 
@@ -236,30 +258,3 @@ def test_failing_plans_and_sampled_groups_in_the_estimate(tiny_model: Any) -> No
             only_b = sample
     assert only_b is not None and np.array_equal(only_b.tokens[0], data.tokens[3])
     assert sample_groups(data, 5, seed=0) is data
-
-
-def test_the_learner_path_trains_as_the_private_step(tiny_dir: Path) -> None:
-    """`learner_sft.train_sft_learner` (the Learner's nll step) takes the same steps as `train_sft`:
-    the same rows, loss and AdamW update with the same schedule, so the losses stay together; it
-    stops at the target alike and leaves the given model as it was."""
-    from legorl_jax.demo.learner_sft import train_sft_learner
-
-    data = prepare(short_demos(), pad_id=0)
-    config = SFTConfig(
-        max_steps=6, batch_size=2, learning_rate=1e-2, warmup_steps=2, eval_every=3, target_pass=1.0, seed=1
-    )
-    private = train_sft(from_hf(tiny_dir), data, config)
-    given = from_hf(tiny_dir)
-    before = evaluate(given, data)
-    seen: list[tuple[int, float | None]] = []
-    trained, result = train_sft_learner(
-        given, data, config, on_step=lambda step, loss, estimate: seen.append((step, estimate))
-    )
-    assert result.steps == private.steps == 6 and not result.reached_target
-    np.testing.assert_allclose(result.losses, private.losses, rtol=2e-4)
-    assert [s for s, _ in result.pass_estimates] == [3, 6] and [s for s, _ in seen] == list(range(1, 7))
-    np.testing.assert_allclose([e for _, e in result.pass_estimates], [e for _, e in private.pass_estimates], rtol=1e-3)
-    assert evaluate(given, data) == before
-    assert evaluate(trained, data).loss < before.loss
-    stopped = train_sft_learner(from_hf(tiny_dir), data, config.model_copy(update={"target_pass": 1e-300}))[1]
-    assert stopped.reached_target and stopped.steps == 3
