@@ -37,9 +37,9 @@ from legorl_jax.train.sharding import learner_mesh
 from legorl_jax.train.step import Learner
 
 _LENGTH_QUANTUM = 128
-# Bucket lengths: 512, 768, 1024, 1536, ... (a row padded by a third at most). Below 512 a
-# bucket saves less than its extra compilation costs.
-_BUCKET_BASES = (512, 768)
+# Bucket lengths: 512, 640, 768, 896, 1024, 1280, ... (a row padded by a fifth at most: a row's padding
+# costs the step about what real tokens cost). Below 512 a bucket saves less than its extra compilation costs.
+_BUCKET_BASES = (512, 640, 768, 896)
 _EVAL_ROWS = 4  # rows per evaluation call; the accuracy pass holds their full logits
 # The schedule decays to a twentieth of the peak: the copy mechanism the demonstrations need
 # sets in late, and settles only once the steps get small.
@@ -108,7 +108,7 @@ class SFTData:
 
 
 def sft_buckets(width: int, row_tokens: int | None = None) -> list[int]:
-    """Row lengths rows are padded to: 512, 768, 1024, 1536, ... below `row_tokens`, then the
+    """Row lengths rows are padded to: 512, 640, 768, 896, 1024, ... below `row_tokens`, then the
     padded `width` of the longest demonstration and `row_tokens` (default: the width)."""
     top = width if row_tokens is None else row_tokens
     if top < width:

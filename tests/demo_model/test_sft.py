@@ -214,9 +214,11 @@ def test_micro_batch_budget_must_hold_the_longest_row(tiny_model: Any) -> None:
         train_sft(tiny_model, data, SFTConfig(max_steps=1, row_tokens=64))
 
 
-def test_buckets_pad_by_a_third_at_most() -> None:
-    assert sft_buckets(1920) == [512, 768, 1024, 1536, 1920]
-    assert sft_buckets(11264, 16384) == [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 11264, 12288, 16384]
+def test_buckets_pad_by_a_fifth_at_most() -> None:
+    assert sft_buckets(1920) == [512, 640, 768, 896, 1024, 1280, 1536, 1792, 1920]
+    ladder = sft_buckets(11264, 16384)
+    assert ladder[-7:] == [7168, 8192, 10240, 11264, 12288, 14336, 16384]
+    assert all(b / a <= 1.25 for a, b in zip(ladder, ladder[1:], strict=False))
 
 
 def test_training_stops_at_the_target(tiny_model: Any) -> None:
