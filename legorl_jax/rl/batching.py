@@ -363,8 +363,12 @@ def _micro_batch(
     # Shift the per-token training arrays onto the predicted position.
     shifted = {k: out[k][:, 1:] for k in _TARGET_ARRAYS}
     tree = any(units[u].branches for row in rows for u in row.members)
-    batch = MicroBatch(**{k: out[k] for k in _ROW_ARRAYS}, **shifted, max_segments=max_segments)
-    batch = replace(batch, score_index=scored_targets(shifted["loss_mask"]))
+    batch = MicroBatch(
+        **{k: out[k] for k in _ROW_ARRAYS},
+        **shifted,
+        max_segments=max_segments,
+        score_index=scored_targets(shifted["loss_mask"]),
+    )
     # Without branches the tree arrays say what segment ids and the shift already say.
     return batch if tree else replace(batch, kv_end=None, pred_from=None)
 
