@@ -34,7 +34,8 @@ Public API (import from `legorl_jax.models`):
   temperature=1.0, chunk_size=256) -> float32[B, T-1]`: log p(tokens[:, 1:]),
   computed over chunks of `chunk_size` tokens so [B, T, V] float32 logits
   never exist (also in the backward pass); `token_logprobs_with_aux` also
-  returns the aux dict; `logprobs.chunked_logprobs(hidden, targets, w, ...)`
+  returns the aux dict; `score_index` int32[B, S] limits the head to those
+  targets (0 elsewhere); `logprobs.chunked_logprobs(hidden, targets, w, ...)`
   is the same head on given hidden states.
 - Orbax: `orbax_io.save_params(model, dir)` / `orbax_io.load_params(dir, config, step=None, mesh=None)`
   (the `params` item of the learner's checkpoint layout); CLI `legorl convert`.

@@ -29,6 +29,7 @@ def token_logprobs_with_aux(
     segment_ids: jax.Array | None = None,
     kv_end: jax.Array | None = None,
     pred_from: jax.Array | None = None,
+    score_index: jax.Array | None = None,
     temperature: float = 1.0,
     chunk_size: int = 256,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -41,6 +42,11 @@ def token_logprobs_with_aux(
     should be masked by the caller. Tree rows (`kv_end`, see `CausalLM.hidden`)
     give `pred_from` int32[B, T-1]: the row index whose hidden state predicts
     tokens[:, 1:] (a branch's first token is predicted by its prefix's last).
+
+    `score_index` int32[B, S] (S < T-1) names the targets to score, per row;
+    every other entry comes back 0, and entries >= T-1 pad it. The LM head then
+    runs on B*S positions instead of B*(T-1): with long prompts and a large
+    vocabulary it is much of the step, while the loss reads only sampled tokens.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
@@ -49,10 +55,26 @@ def token_logprobs_with_aux(
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise ValueError(f"tokens must be [batch, seq] with seq >= 2, got shape {tokens.shape}")
     hidden, aux = model.hidden(tokens, positions, segment_ids, kv_end)
-    source = hidden[:, :-1] if pred_from is None else jnp.take_along_axis(hidden, pred_from[..., None], axis=1)
-    logprobs = chunked_logprobs(
-        source, tokens[:, 1:], model.output_embedding(), temperature=temperature, chunk_size=chunk_size
+    targets = tokens[:, 1:]
+    if score_index is None:
+        source = hidden[:, :-1] if pred_from is None else jnp.take_along_axis(hidden, pred_from[..., None], axis=1)
+        logprobs = chunked_logprobs(
+            source, targets, model.output_embedding(), temperature=temperature, chunk_size=chunk_size
+        )
+        return logprobs, aux
+    # Padding entries read the last target (any valid one would do) and are dropped on the way back.
+    index = jnp.minimum(score_index, targets.shape[1] - 1)
+    rows = index if pred_from is None else jnp.take_along_axis(pred_from, index, axis=1)
+    picked = chunked_logprobs(
+        jnp.take_along_axis(hidden, rows[..., None], axis=1),
+        jnp.take_along_axis(targets, index, axis=1),
+        model.output_embedding(),
+        temperature=temperature,
+        chunk_size=chunk_size,
     )
+    # Per-row scatter (vmapped) keeps rows independent, so a row-sharded batch needs no gather.
+    zeros = jnp.zeros(targets.shape, picked.dtype)
+    logprobs = jax.vmap(lambda z, i, v: z.at[i].set(v, mode="drop"))(zeros, score_index, picked)
     return logprobs, aux
 
 
@@ -86,6 +108,7 @@ def token_logprobs(
     segment_ids: jax.Array | None = None,
     kv_end: jax.Array | None = None,
     pred_from: jax.Array | None = None,
+    score_index: jax.Array | None = None,
     temperature: float = 1.0,
     chunk_size: int = 256,
 ) -> jax.Array:
@@ -97,6 +120,7 @@ def token_logprobs(
         segment_ids=segment_ids,
         kv_end=kv_end,
         pred_from=pred_from,
+        score_index=score_index,
         temperature=temperature,
         chunk_size=chunk_size,
     )

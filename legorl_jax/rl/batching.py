@@ -16,6 +16,9 @@ arrays are shifted by one so that index t describes the token predicted at
 t + 1: exactly the layout of `token_logprobs(model, tokens)`. A packed step
 remembers where each sequence landed (`places`), so per-target results such as
 the learner's logprobs map back to each sequence's own tokens (`per_sequence`).
+`score_index` lists each row's loss targets so the learner computes the LM
+head only there (a coding agent's episode is mostly prompt); its width comes
+from a power-of-two ladder, or it is None when nearly every target is scored.
 
 Prefix sharing (`share_prefixes`): sequences whose prompts start alike (a
 group's members, groups of one harness configuration) are laid out as a trie,
@@ -97,6 +100,9 @@ class MicroBatch:
     # Tree rows only (None when nothing in the micro-batch is shared):
     kv_end: np.ndarray | None = None  # int32[R, T]: key s is visible to queries q with s <= q < kv_end[s]
     pred_from: np.ndarray | None = None  # int32[R, T-1]: row index whose hidden state predicts target t
+    # int32[R, S]: each row's targets with loss_mask > 0, padded with T-1 (out of range); S comes from
+    # `score_capacity`. None: score every target (S would be close to T-1 anyway).
+    score_index: np.ndarray | None = None
 
     @property
     def tree(self) -> bool:
@@ -357,9 +363,40 @@ def _micro_batch(
     # Shift the per-token training arrays onto the predicted position.
     shifted = {k: out[k][:, 1:] for k in _TARGET_ARRAYS}
     tree = any(units[u].branches for row in rows for u in row.members)
-    batch = MicroBatch(**{k: out[k] for k in _ROW_ARRAYS}, **shifted, max_segments=max_segments)
+    batch = MicroBatch(
+        **{k: out[k] for k in _ROW_ARRAYS},
+        **shifted,
+        max_segments=max_segments,
+        score_index=scored_targets(shifted["loss_mask"]),
+    )
     # Without branches the tree arrays say what segment ids and the shift already say.
     return batch if tree else replace(batch, kv_end=None, pred_from=None)
+
+
+# Fewest scored positions per row: a smaller capacity saves little and adds a compilation.
+MIN_SCORED = 128
+
+
+def score_capacity(scored: int, targets: int) -> int | None:
+    """Static per-row count of scored targets for a row holding at most `scored` of `targets`:
+    a power of two from `MIN_SCORED` up, so each bucket adds a few shapes (and compilations) at
+    most. None (score all) when it would reach 3/4 of the targets: the gathers would save little."""
+    capacity = max(MIN_SCORED, 1 << max(scored - 1, 0).bit_length())
+    return capacity if 4 * capacity < 3 * targets else None
+
+
+def scored_targets(loss_mask: np.ndarray) -> np.ndarray | None:
+    """int32[R, S]: the targets with loss_mask > 0 of each row, padded with T-1 (see `MicroBatch`)."""
+    n_rows, targets = loss_mask.shape
+    scored = loss_mask > 0
+    capacity = score_capacity(int(scored.sum(axis=1).max(initial=0)), targets)
+    if capacity is None:
+        return None
+    out = np.full((n_rows, capacity), targets, np.int32)
+    for r in range(n_rows):
+        where = np.flatnonzero(scored[r])
+        out[r, : len(where)] = where
+    return out
 
 
 def rows_per_micro_batch(bucket: int, micro_batch_tokens: int, row_multiple: int) -> int:

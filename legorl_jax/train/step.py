@@ -13,7 +13,10 @@ Every jitted function has explicit in/out shardings over the mesh, so the same
 code runs on one CPU, 8 fake devices, a GPU host or a TPU pod slice.
 Rematerialisation is the model's own policy (`from_hf(..., remat=model.remat)`),
 applied per scanned layer; logprobs come from the model's chunked
-`token_logprobs` at the rollout temperature. `update` also hands back those
+`token_logprobs` at the rollout temperature, computed only at the targets the
+packer lists as scored (`score_index`, 0 elsewhere), where the loss reads them.
+Each micro-batch's score width is one more static shape (one of a few powers
+of two per bucket, or none). `update` also hands back those
 per-token logprobs (`StepResult`, left on device until asked for), which
 `rollouts.jsonl` records beside the engine's.
 """
@@ -59,8 +62,9 @@ BATCH_KEYS = (
     "loss_weight",
     "seq_ids",
 )
-# Only in micro-batches with shared prefixes; their different pytree gives them their own trace.
-TREE_KEYS = ("kv_end", "pred_from")
+# Only in some micro-batches (their different pytree gives them their own trace): tree rows of shared
+# prefixes, and `score_index` when few targets are scored (the LM head then runs on those alone).
+OPTIONAL_KEYS = ("kv_end", "pred_from", "score_index")
 FLOAT_KEYS = ("loss_mask", "behavior_logprobs", "advantages", "loss_weight")
 
 
@@ -169,7 +173,10 @@ class Learner:
         """A digest of exactly what `update(packed)` feeds the devices: processes of
         one job compare it before training, so none trains on a batch of its own."""
         arrays = [
-            getattr(mb, k) for mb in packed.micro_batches for k in BATCH_KEYS + TREE_KEYS if getattr(mb, k) is not None
+            getattr(mb, k)
+            for mb in packed.micro_batches
+            for k in BATCH_KEYS + OPTIONAL_KEYS
+            if getattr(mb, k) is not None
         ]
         return digest(packed.normaliser, *arrays)
 
@@ -222,7 +229,7 @@ class Learner:
 
     def device_batch(self, mb: MicroBatch) -> dict[str, Array]:
         """A host micro-batch as global arrays, rows split over data × fsdp."""
-        keys = BATCH_KEYS + TREE_KEYS if mb.tree else BATCH_KEYS
+        keys = [k for k in BATCH_KEYS + OPTIONAL_KEYS if getattr(mb, k) is not None]
         return put_batch({k: getattr(mb, k) for k in keys}, self.mesh)
 
     def _abstract_acc(self) -> dict:
@@ -251,6 +258,7 @@ class Learner:
             segment_ids=batch["segment_ids"],
             kv_end=batch.get("kv_end"),
             pred_from=batch.get("pred_from"),
+            score_index=batch.get("score_index"),
             temperature=self.rl.sampling.temperature,
             chunk_size=self.cfg.logprob_chunk_size,
         )

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -20,7 +21,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental.multihost_utils import process_allgather  # noqa: E402
 from jax.sharding import AxisType, Mesh  # noqa: E402
-from tiny import learner_config, random_sequences, rl_config, tiny_model  # noqa: E402
+from tiny import harness_groups, learner_config, random_sequences, rl_config, tiny_model  # noqa: E402
 
 from legorl_jax.core.config import CheckpointConfig, MeshConfig  # noqa: E402
 from legorl_jax.models import MESH_AXES  # noqa: E402
@@ -30,9 +31,19 @@ from legorl_jax.train.sharding import learner_mesh  # noqa: E402
 from legorl_jax.train.step import Learner  # noqa: E402
 
 
-def _one_step(mesh: Mesh) -> tuple[dict, dict, dict]:
-    learner = Learner(tiny_model(), rl_config(kl_coef=0.05), learner_config(micro_batch_tokens=256), mesh)
-    packed = learner.pack(random_sequences(3, 16))
+def _one_step(mesh: Mesh, scored: bool | None = None) -> tuple[dict, dict, dict]:
+    """One step of mostly-scored rows; `scored` True/False: prompt-heavy rows of 256 tokens
+    with `score_index` (the LM head at loss targets only) or without (everywhere)."""
+    if scored is None:
+        cfg, seqs = learner_config(micro_batch_tokens=256), random_sequences(3, 16)
+    else:
+        cfg, seqs = learner_config(1024).model_copy(update={"length_buckets": [256]}), harness_groups(0)
+    learner = Learner(tiny_model(), rl_config(kl_coef=0.05), cfg, mesh)
+    packed = learner.pack(seqs)
+    if scored is not None:
+        assert all(mb.score_index is not None for mb in packed.micro_batches)
+        if not scored:
+            packed = replace(packed, micro_batches=[replace(mb, score_index=None) for mb in packed.micro_batches])
     grads, _, _ = learner.accumulate(packed)
     # process_allgather: on a multi-process mesh no process holds every shard.
     grads = process_allgather(grads, tiled=True)
@@ -44,12 +55,13 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 
-def mesh_equivalence() -> dict:
-    """fsdp=4 × tensor=2 over 8 devices vs a one-device mesh: same loss, grads, update."""
+def mesh_equivalence(scored: bool = False) -> dict:
+    """fsdp=4 × tensor=2 over 8 devices vs a one-device mesh: same loss, grads, update;
+    `scored`: the 8 devices compute logprobs only at scored targets, the one device everywhere."""
     one = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1, 1), MESH_AXES, axis_types=(AxisType.Auto,) * 4)
     big = learner_mesh(MeshConfig(fsdp=4, tensor=2))
-    m1, g1, p1 = _one_step(one)
-    m8, g8, p8 = _one_step(big)
+    m1, g1, p1 = _one_step(one, False if scored else None)
+    m8, g8, p8 = _one_step(big, True if scored else None)
     return {
         "devices": jax.device_count(),
         "loss": [m1["loss"], m8["loss"]],
@@ -91,13 +103,16 @@ def train_then_die(ckpt_dir: str, steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["mesh", "distributed", "die"])
+    parser.add_argument("mode", choices=["mesh", "scored_mesh", "distributed", "die"])
     parser.add_argument("--dir", default="")
     parser.add_argument("--steps", type=int, default=0)
     args = parser.parse_args()
     if args.mode == "die":
         train_then_die(args.dir, args.steps)
-    result = mesh_equivalence() if args.mode == "mesh" else distributed_step()
+    if args.mode == "distributed":
+        result = distributed_step()
+    else:
+        result = mesh_equivalence(scored=args.mode == "scored_mesh")
     print(json.dumps(result), flush=True)
 
 
