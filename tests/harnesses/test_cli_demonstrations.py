@@ -109,10 +109,12 @@ def test_no_trial_container_is_left(episodes: dict[str, CliEpisode]) -> None:
 
 
 def test_concurrent_recording_gives_the_sequential_episodes(tokenizer: Any, task: Task) -> None:
-    """All four episodes at once (OpenCode's side call among them) come back in order, each with the
-    token ids and grade of the one-at-a-time recording."""
+    """All four episodes at once come back in order, each with the token ids and grade of the
+    one-at-a-time recording. Two CLIs whose episodes are the same in any two recordings: OpenCode's
+    describe episode may exit before its title call, Codex, Gemini CLI, Qwen Code and OpenHands write
+    an id or the time into their prompts (docs/benchmarks.md)."""
     _installed()
-    pair = ("mini-swe-agent", "opencode")
+    pair = ("mini-swe-agent", "claude-code")
 
     def recorded(concurrency: int) -> list[tuple[Any, ...]]:
         episodes = record_cli_demonstrations(tokenizer, [task], pair, concurrency=concurrency)
