@@ -11,11 +11,16 @@ prompt and calls the shell tool offered there; all it knows of a harness is
 one small entry of `CLI_MOVES`: the name of that shell tool and how an episode
 ends. Kept, as for lego: working plans that score 1 and habit episodes that
 score 0.
+
+Episodes run concurrently, a bounded number at once, behind one proxy: each
+call reaches the oracle of its own episode (found by the session's trial
+label), so an episode's tokens never depend on what else is running.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import secrets
@@ -25,8 +30,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import docker
 import uvicorn
 
+from legorl_jax.core.aio import completion_order
 from legorl_jax.core.config import REPO_ROOT, HarnessToolsConfig, cache_root
 from legorl_jax.demo.demonstrations import (
     DESCRIBE_TEXT,
@@ -40,11 +47,12 @@ from legorl_jax.demo.demonstrations import (
 )
 from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.harnesses import get_harness
+from rollout_server.harnesses.base import CliHarness
 from rollout_server.harnesses.tools import HarnessTools
 from rollout_server.proxy.app import build_app
 from rollout_server.proxy.engine_client import CompletionParams, EngineCompletion
 from rollout_server.proxy.render import ChatTemplate
-from rollout_server.proxy.service import ProxyCore
+from rollout_server.proxy.service import PreparedCall, ProxyCore, TurnResult
 from rollout_server.proxy.session import SessionStore
 from rollout_server.sandbox.factory import SandboxFactory
 from rollout_server.server import _bind  # the rollout server's listening socket, shared by two addresses
@@ -91,6 +99,12 @@ _COMMAND_ARGS = ("command", "cmd")
 _MODEL_NAME = "demonstration-oracle"
 # What fixes the CLIs' versions (and so their prompts): the npm lock and setup's pip pins.
 CLI_PINS = (REPO_ROOT / "scripts" / "harness-cli" / "package-lock.json", REPO_ROOT / "scripts" / "setup")
+# Episodes in flight at once by default: the fastest setting that kept every episode on a 2-core machine
+# (scripts/bench_cli_record.py, docs/benchmarks.md); six at once starved OpenHands' start-up there.
+RECORD_CONCURRENCY = 4
+# The share of Docker's memory that the sandboxes in flight may hold at their limits; the rest is left
+# to the host's own processes (this recorder, the CLIs' installs, other jobs).
+DOCKER_MEMORY_SHARE = 0.5
 _ASSISTANT = "<|im_start|>assistant\n"
 _TOOLS_START, _TOOLS_END = "<tools>\n", "\n</tools>"
 
@@ -152,21 +166,14 @@ class CliOracle:
     main conversation is the first call with tools; a call without tools, or
     with another system prompt or tool set (Qwen Code's memory extraction), is
     a side call and gets `SIDE_TEXT`, as the proxy tells them apart
-    (`ChatRequest.root_key`). One episode at a time: `begin` sets it.
+    (`ChatRequest.root_key`). One oracle per episode.
     """
 
-    def __init__(self, template: ChatTemplate) -> None:
+    def __init__(self, template: ChatTemplate, moves: CliMoves, plan: tuple[str, ...], command: str) -> None:
         self._template = template
-        self._moves = CliMoves("bash")
-        self._plan: tuple[str, ...] = ()
-        self._command = ""
+        self._moves, self._plan, self._command = moves, plan, command
         self._main: tuple[str, tuple[str, ...]] | None = None  # the main conversation's root
         self._seeded = 0  # assistant turns the harness wrote itself before the first move
-        self.log = EpisodeLog()
-
-    def begin(self, moves: CliMoves, plan: tuple[str, ...], command: str) -> None:
-        self._moves, self._plan, self._command = moves, plan, command
-        self._main, self._seeded = None, 0
         self.log = EpisodeLog()
 
     def _main_turns(self, prompt: str, tools: dict[str, dict[str, Any]]) -> int | None:
@@ -236,19 +243,48 @@ class CliEpisode:
     problems: tuple[str, ...] = ()
 
 
+# The oracle of the episode whose call the proxy is executing (set by `_EpisodeCore.execute`).
+_ORACLE: contextvars.ContextVar[CliOracle] = contextvars.ContextVar("cli_oracle")
+
+
+class _CallsOracle:
+    """The proxy's engine: hands each call to its episode's oracle. Duck-typed: the one method the core
+    calls on its engine client."""
+
+    async def complete(self, prompt_ids: list[int], sampling: CompletionParams) -> EngineCompletion:
+        return await _ORACLE.get().complete(prompt_ids, sampling)
+
+
+class _EpisodeCore(ProxyCore):
+    """The proxy core, each call's engine the oracle of its session's trial: the engine is given only
+    the prompt, and concurrent episodes share one proxy."""
+
+    def __init__(self, template: ChatTemplate, store: SessionStore, oracles: dict[str, CliOracle], **kw: Any) -> None:
+        super().__init__(template, _CallsOracle(), store, **kw)  # type: ignore[arg-type]
+        self._oracles = oracles
+
+    async def execute(self, call: PreparedCall) -> TurnResult:
+        token = _ORACLE.set(self._oracles[call.session.spec.labels["trial"]])
+        try:
+            return await super().execute(call)
+        finally:
+            _ORACLE.reset(token)
+
+
 class CliRecorder:
-    """The proxy (with the oracle as its engine) on loopback and the Docker proxy network, and trials
-    run by the rollout server's own trial runner. Use `async with CliRecorder.running(...)`."""
+    """The proxy (with each episode's oracle as its engine) on loopback and the Docker proxy network,
+    and trials run by the rollout server's own trial runner, any number at once. Use
+    `async with CliRecorder.running(...)`."""
 
     def __init__(self, tokenizer: Any, *, max_context: int, max_tokens: int, agent_timeout_s: float) -> None:
         self.template = ChatTemplate(tokenizer)
-        self.oracle = CliOracle(self.template)
+        self.oracles: dict[str, CliOracle] = {}  # by trial id, while the trial runs
         self.store = SessionStore()
-        # Duck-typed: the oracle has the one method the core calls on its engine client.
-        self.core = ProxyCore(self.template, self.oracle, self.store, max_context=max_context)  # type: ignore[arg-type]
+        self.core = _EpisodeCore(self.template, self.store, self.oracles, max_context=max_context)
         self.max_tokens = max_tokens
         self.agent_timeout_s = agent_timeout_s
         self.host: TrialHost | None = None
+        self.docker_memory_mb = 0
 
     @classmethod
     @asynccontextmanager
@@ -266,6 +302,7 @@ class CliRecorder:
         server = uvicorn.Server(uvicorn.Config(build_app(recorder.core), log_level="warning", lifespan="off"))
         serving = asyncio.create_task(server.serve(sockets=sockets))
         recorder.host = TrialHost(factory, recorder.store, port, _MODEL_NAME, 0, harness_tools=tools)
+        recorder.docker_memory_mb = await asyncio.to_thread(_docker_memory_mb)
         try:
             yield recorder
         finally:
@@ -273,6 +310,49 @@ class CliRecorder:
             await serving
             factory.close()
             tools.close()
+
+    def memory_bound(self, jobs: Sequence[tuple[Task, str, str]]) -> int:
+        """Episodes that fit at once in Docker's memory share, each sandbox at its limit (the task's memory
+        and the CLI runtime's, as the trial runner sets it: Qwen Code's JS heap)."""
+        sizes = [task.config.environment.memory_mb + _runtime_memory_mb(harness) for task, harness, _ in jobs]
+        worst = max(sizes, default=1)
+        return max(1, int(self.docker_memory_mb * DOCKER_MEMORY_SHARE) // worst)
+
+    async def record(self, jobs: Sequence[tuple[Task, str, str]], concurrency: int) -> list[CliEpisode]:
+        """Each (task, harness, plan) as `episode`, up to `concurrency` at once (fewer when Docker's
+        memory share would not hold them), in the order of `jobs` whatever order they finish in."""
+        if concurrency < 1:
+            raise DemonstrationError(f"concurrency must be at least 1, got {concurrency}")
+        bound = min(concurrency, self.memory_bound(jobs))
+        if bound < concurrency:
+            log.warning(
+                "recording %d episodes at once, not %d: Docker has %d MB", bound, concurrency, self.docker_memory_mb
+            )
+        log.info("recording %d CLI episodes, %d at once", len(jobs), bound)
+        slots = asyncio.Semaphore(bound)  # wakes waiters first come, first served: episodes start in order
+
+        async def one(index: int, job: tuple[Task, str, str]) -> tuple[int, CliEpisode]:
+            async with slots:
+                return index, await self.episode(*job)
+
+        started = time.monotonic()
+        episodes: dict[int, CliEpisode] = {}
+        tasks = [asyncio.create_task(one(i, job)) for i, job in enumerate(jobs)]
+        async with completion_order(tasks) as finished:
+            for future in finished:
+                index, episode = await future
+                episodes[index] = episode
+                log.info(
+                    "%d/%d CLI episodes recorded in %.0f s (%s / %s / %s: %s)",
+                    len(episodes),
+                    len(jobs),
+                    time.monotonic() - started,
+                    episode.task,
+                    episode.harness,
+                    episode.plan,
+                    "dropped" if episode.problems else "kept",
+                )
+        return [episodes[i] for i in range(len(jobs))]
 
     async def episode(self, task: Task, harness: str, plan: str, options: dict[str, Any] | None = None) -> CliEpisode:
         """One trial of `harness` on `task` playing `plan`, graded; its demonstration when it scored as it should."""
@@ -282,12 +362,12 @@ class CliRecorder:
         moves = CLI_MOVES[harness]
         if plan not in CLI_PLANS:
             raise DemonstrationError(f"unknown plan {plan!r}; known: {sorted(CLI_PLANS)}")
-        self.oracle.begin(moves, CLI_PLANS[plan], solution_command(task))
+        oracle = CliOracle(self.template, moves, CLI_PLANS[plan], solution_command(task))
         impl = get_harness(harness)
         parsed = impl.parse_options(options or {})
         config_id = impl.config_id(parsed)
         spec = TrialSpec(
-            trial_id=f"demo-{harness}-{task.name}-{secrets.token_hex(3)}",
+            trial_id=f"demo-{harness}-{task.name}-{plan}-{secrets.token_hex(3)}",
             task=task,
             harness=pb.HarnessConfig(name=harness, options_json=json.dumps(options or {}), config_id=config_id),
             options=parsed,
@@ -298,11 +378,15 @@ class CliRecorder:
             verifier_timeout_s=task.config.verifier.timeout_sec,
         )
         started = time.monotonic()
-        trajectory = await run_trial(self.host, spec)
+        self.oracles[spec.trial_id] = oracle
+        try:
+            trajectory = await run_trial(self.host, spec)
+        finally:
+            del self.oracles[spec.trial_id]
         wall = time.monotonic() - started
         expected = 0.0 if plan in FAILING_PLANS else 1.0
         reward = trajectory.reward if trajectory.HasField("reward") else None
-        problems = _problems(trajectory, reward, expected, self.oracle.log)
+        problems = _problems(trajectory, reward, expected, oracle.log)
         sequences = tuple((tuple(s.token_ids), tuple(s.loss_mask)) for s in trajectory.sequences)
         demo = None if problems else Demonstration(task.name, config_id, plan, sequences, expected)
         if problems:
@@ -315,13 +399,26 @@ class CliRecorder:
             reward=reward,
             demonstration=demo,
             model_calls=trajectory.metrics.model_calls,
-            side_calls=len(self.oracle.log.side_prompt_tokens),
-            first_prompt_tokens=self.oracle.log.prompt_tokens[0] if self.oracle.log.prompt_tokens else 0,
+            side_calls=len(oracle.log.side_prompt_tokens),
+            first_prompt_tokens=oracle.log.prompt_tokens[0] if oracle.log.prompt_tokens else 0,
             total_tokens=sum(len(s.token_ids) for s in trajectory.sequences),
             wall_s=wall,
-            calls=self.oracle.log,
+            calls=oracle.log,
             problems=tuple(problems),
         )
+
+
+def _docker_memory_mb() -> int:
+    client = docker.from_env()
+    try:
+        return int(client.info()["MemTotal"]) >> 20
+    finally:
+        client.close()
+
+
+def _runtime_memory_mb(harness: str) -> int:
+    impl = get_harness(harness)
+    return impl.runtime_memory_mb if isinstance(impl, CliHarness) else 0
 
 
 def _problems(trajectory: pb.Trajectory, reward: float | None, expected: float, seen: EpisodeLog) -> list[str]:
@@ -346,8 +443,11 @@ def record_cli_demonstrations(
     plans: Sequence[str] = ("direct", "describe"),
     max_context: int = 131072,
     max_tokens: int = 1024,
+    concurrency: int = RECORD_CONCURRENCY,
 ) -> list[CliEpisode]:
-    """Every task x harness x plan, one trial at a time (the oracle plays one episode at a time).
+    """Every task x harness x plan, up to `concurrency` trials at once, in that order: the same episodes
+    at any concurrency, as the oracle's answers depend on its own episode's prompts alone (some CLIs
+    write a date or an id of their own into the prompts, which differs between any two recordings).
 
     `max_context` and `max_tokens` are the limits RL will sample under: an episode that does not fit them is dropped.
     """
@@ -363,7 +463,8 @@ def record_cli_demonstrations(
 
     async def main() -> list[CliEpisode]:
         async with CliRecorder.running(tokenizer, max_context=max_context, max_tokens=max_tokens) as recorder:
-            return [await recorder.episode(t, harness, plan) for t in tasks for harness in harnesses for plan in plans]
+            jobs = [(t, harness, plan) for t in tasks for harness in harnesses for plan in plans]
+            return await recorder.record(jobs, concurrency)
 
     return asyncio.run(main())
 

@@ -40,8 +40,7 @@ def answer(oracle: CliOracle, tokenizer: Any, messages: list[dict[str, Any]], to
 
 
 def test_a_harness_opening_exchange_is_not_a_move_and_side_calls_get_the_side_text(tokenizer: Any) -> None:
-    oracle = CliOracle(ChatTemplate(tokenizer))
-    oracle.begin(CLI_MOVES["qwen-code"], CLI_PLANS["direct"], COMMAND)
+    oracle = CliOracle(ChatTemplate(tokenizer), CLI_MOVES["qwen-code"], CLI_PLANS["direct"], COMMAND)
     solve = shell_call(SHELL, COMMAND)
     # The first call already holds an assistant turn: the harness's, so the plan starts at its first move.
     assert answer(oracle, tokenizer, OPENING, [SHELL]) == solve

@@ -16,9 +16,11 @@ from legorl_jax.core.config import cache_root
 from legorl_jax.demo.cli_demonstrations import (
     CLI_MOVES,
     FINISH_TEXT,
+    RECORD_CONCURRENCY,
     CliEpisode,
     CliRecorder,
     offered_tools,
+    record_cli_demonstrations,
     shell_call,
 )
 from legorl_jax.demo.demonstrations import solution_command
@@ -53,13 +55,14 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
 @pytest.fixture(scope="module")
 def episodes(request: pytest.FixtureRequest, tokenizer: Any, task: Task) -> dict[str, CliEpisode]:
     """One working-plan episode per CLI whose test is selected (`-k qwen-code` records Qwen Code's
-    alone), recorded by one recorder (one proxy, one sandbox network)."""
+    alone), recorded by one recorder (one proxy, one sandbox network), several at once."""
     _installed()
     selected = [h for h in HARNESSES if any(f"[{h}]" in item.nodeid for item in request.session.items)]
 
     async def main() -> dict[str, CliEpisode]:
         async with CliRecorder.running(tokenizer, max_context=131072) as recorder:
-            return {h: await recorder.episode(task, h, "direct") for h in selected}
+            recorded = await recorder.record([(task, h, "direct") for h in selected], RECORD_CONCURRENCY)
+            return {e.harness: e for e in recorded}
 
     return asyncio.run(main())
 
@@ -103,3 +106,21 @@ def test_working_plan_through_the_cli_is_graded_1(
 
 def test_no_trial_container_is_left(episodes: dict[str, CliEpisode]) -> None:
     assert trial_containers(docker.from_env()) == []
+
+
+def test_concurrent_recording_gives_the_sequential_episodes(tokenizer: Any, task: Task) -> None:
+    """All four episodes at once come back in order, each with the token ids and grade of the
+    one-at-a-time recording. Two CLIs whose episodes are the same in any two recordings: OpenCode's
+    describe episode may exit before its title call, Codex, Gemini CLI, Qwen Code and OpenHands write
+    an id or the time into their prompts (docs/benchmarks.md)."""
+    _installed()
+    pair = ("mini-swe-agent", "claude-code")
+
+    def recorded(concurrency: int) -> list[tuple[Any, ...]]:
+        episodes = record_cli_demonstrations(tokenizer, [task], pair, concurrency=concurrency)
+        return [(e.harness, e.plan, e.reward, e.demonstration and e.demonstration.sequences) for e in episodes]
+
+    sequential = recorded(1)
+    assert [(h, p) for h, p, *_ in sequential] == [(h, p) for h in pair for p in ("direct", "describe")]
+    assert all(sequences for *_, sequences in sequential)  # every episode kept, its tokens compared
+    assert recorded(4) == sequential
