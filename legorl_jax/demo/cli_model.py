@@ -22,9 +22,9 @@ from legorl_jax.demo.sft import SFTConfig
 from rollout_server.demo_families import demo_task_splits
 from rollout_server.tasks import Task
 
-# The four CLIs whose oracle episodes are graded as planned (tests/harnesses/test_cli_demonstrations.py).
-CLI_HARNESSES = ("mini-swe-agent", "opencode", "codex", "claude-code")
-# Training variants per family that are demonstrated: 6 families x 2 x 4 CLIs x 2 plans = 96 episodes.
+# Every CLI whose oracle episodes are graded as planned (tests/harnesses/test_cli_demonstrations.py).
+CLI_HARNESSES = ("mini-swe-agent", "opencode", "codex", "claude-code", "gemini-cli", "qwen-code", "openhands")
+# Training variants per family that are demonstrated: 6 families x 2 x 7 CLIs x 2 plans = 168 episodes.
 TASKS_PER_FAMILY = 2
 
 CLI_DEMO_SPEC = DemoModelSpec(
@@ -37,8 +37,9 @@ CLI_DEMO_SPEC = DemoModelSpec(
     # The CLIs' prompts hardly depend on the task: one task's episodes teach the tokenizer their text.
     tokenizer_tasks=1,
     # A step takes 8 demonstrations of one CLI: their shared system prompt (99% of an OpenCode or Codex
-    # episode) is laid out once, with their own tokens after it, in a row of up to 12,288 tokens; one row
-    # per call bounds memory on a small CPU machine (docs/benchmarks.md, "SFT packing").
+    # episode) is laid out once, with their own tokens after it, in a row of up to the context (a CLI whose
+    # trie is longer than a row would have it split, its prompt copied); one row per call bounds memory on a
+    # small CPU machine (docs/benchmarks.md, "SFT packing").
     # The target: the four-CLI build's estimate rose from 0 at step ~300 to a plateau of 0.05-0.14 that it
     # kept to its last step (900; 0.106 at the end), while the lego model's reaches 0.25. Steps past the
     # plateau bought nothing measured and cost half the build, so SFT stops at its middle (docs/benchmarks.md,
@@ -47,8 +48,8 @@ CLI_DEMO_SPEC = DemoModelSpec(
         batch_size=8,
         eval_groups=8,
         batch_by_config=True,
-        row_tokens=12288,
-        micro_batch_tokens=12288,
+        row_tokens=16384,
+        micro_batch_tokens=16384,
         target_pass=0.1,
     ),
 )
