@@ -37,7 +37,7 @@ from legorl_jax.core.build_once import build_once
 from legorl_jax.core.config import DEFAULT_CONFIG, Config, load_config
 from legorl_jax.demo import demonstrations, sft
 from legorl_jax.demo.demonstrations import Demonstration, record_demonstrations
-from legorl_jax.demo.sft import SFTConfig, evaluate, prepare, train_sft
+from legorl_jax.demo.sft import SFTConfig, evaluate, prepare, sample_groups, train_sft
 from legorl_jax.models import demo_assets, from_hf, to_hf
 from legorl_jax.models import tokenizer as demo_tokenizer
 from legorl_jax.models.demo_assets import build_tiny_hf_model
@@ -224,7 +224,10 @@ def build_demo_model(
     model = from_hf(init_dir)
     weighted = [demo for demo in demos for _ in range(spec.plan_repeats.get(demo.plan, 1))]
     data = prepare(weighted, _token_id(tokenizer_dir, ENDOFTEXT), max_len=spec.max_context)
-    initial = evaluate(model, data)
+    # Before and after on the stopping check's sample of groups: over every demonstration (each habit
+    # episode twice) the seven-CLI build's first pass ran past 8 minutes.
+    probe = sample_groups(data, spec.sft.eval_groups, spec.sft.seed)
+    initial = evaluate(model, probe)
     with _progress_bar(spec.sft.max_steps, progress) as bar:
 
         def on_step(step: int, loss: float, estimate: float | None) -> None:
@@ -233,7 +236,7 @@ def build_demo_model(
                 bar.set_postfix({"loss": f"{loss:.3f}", "pass_est": f"{estimate:.2f}"}, refresh=False)
 
         model, result = train_sft(model, data, spec.sft, on_step=on_step)
-    final = evaluate(model, data)
+    final = evaluate(model, probe)
     to_hf(model, out_dir, tokenizer_from=init_dir)
     shutil.rmtree(work)
     return {

@@ -41,6 +41,9 @@ _LENGTH_QUANTUM = 128
 # costs the step about what real tokens cost). Below 512 a bucket saves less than its extra compilation costs.
 _BUCKET_BASES = (512, 640, 768, 896)
 _EVAL_ROWS = 4  # rows per evaluation call; the accuracy pass holds their full logits
+# Evaluation pads rows to powers of two: each width compiles two programs for a pass that runs a few
+# times a build, so fewer widths beat less padding there.
+_EVAL_BUCKET_BASES = (512,)
 # The schedule decays to a twentieth of the peak: the copy mechanism the demonstrations need
 # sets in late, and settles only once the steps get small.
 DEMO_LR_DECAY = 20
@@ -107,13 +110,13 @@ class SFTData:
     config: np.ndarray  # int32[N]: the row's harness configuration, numbered in order of appearance
 
 
-def sft_buckets(width: int, row_tokens: int | None = None) -> list[int]:
-    """Row lengths rows are padded to: 512, 640, 768, 896, 1024, ... below `row_tokens`, then the
-    padded `width` of the longest demonstration and `row_tokens` (default: the width)."""
+def sft_buckets(width: int, row_tokens: int | None = None, bases: Sequence[int] = _BUCKET_BASES) -> list[int]:
+    """Row lengths rows are padded to: 512, 640, 768, 896, 1024, ... (`bases` doubled) below
+    `row_tokens`, then the padded `width` of the longest demonstration and `row_tokens` (default: the width)."""
     top = width if row_tokens is None else row_tokens
     if top < width:
         raise ValueError(f"sft.row_tokens={top} is shorter than the longest demonstration ({width} tokens padded)")
-    ladder = {base << k for base in _BUCKET_BASES for k in range(top.bit_length())}
+    ladder = {base << k for base in bases for k in range(top.bit_length())}
     return sorted({b for b in ladder if b < top} | {width, top})
 
 
@@ -180,7 +183,9 @@ def _per_row(fn: Callable[..., jax.Array], model: CausalLM, data: SFTData) -> np
     out = np.zeros(len(order), np.float64)
     for start in range(0, len(order), _EVAL_ROWS):
         rows = order[start : start + _EVAL_ROWS]
-        width = next(b for b in sft_buckets(data.tokens.shape[1]) if b >= data.lengths[rows].max())
+        width = next(
+            b for b in sft_buckets(data.tokens.shape[1], bases=_EVAL_BUCKET_BASES) if b >= data.lengths[rows].max()
+        )
         tokens, mask = jnp.asarray(data.tokens[rows, :width]), jnp.asarray(data.mask[rows, :width])
         out[rows] = np.asarray(fn(model, tokens, mask))
     return out
