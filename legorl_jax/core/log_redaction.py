@@ -107,4 +107,5 @@ def install() -> None:
 def configure(level: int, fmt: str = "%(asctime)s %(name)s %(levelname)s %(message)s") -> None:
     """The commands' logging: `logging.basicConfig` with secrets scrubbed."""
     install()
-    logging.basicConfig(level=level, format=fmt)
+    # force: importing orbax installs a root handler at WARNING, which would make basicConfig do nothing.
+    logging.basicConfig(level=level, format=fmt, force=True)

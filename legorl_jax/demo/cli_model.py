@@ -75,7 +75,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Build (once) the CLI demo's model and print its directory.")
     parser.add_argument("--cache", type=Path, default=REPO_ROOT / ".cache" / "demo_model")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # force: importing orbax (through the builder) installed a root handler at WARNING, which hid the
+    # recording's progress lines.
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
     print(ensure_cli_demo_model(args.cache))
 
 
