@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from legorl_jax.core.build_once import build_once
 from legorl_jax.core.config import DEFAULT_CONFIG, Config, load_config
@@ -95,6 +95,17 @@ class DemoModelSpec(BaseModel):
         "often as the working plan, the warm start acts on about a third of its episodes.",
     )
     sft: SFTConfig = SFTConfig()
+    lego_stage: SFTConfig | None = Field(
+        None,
+        description="For a CLI build: first train on the lego demonstrations of configs/demo.yaml's tasks, "
+        "recorded with this build's tokenizer, with this config; then on the CLI ones with `sft`. None: CLI only.",
+    )
+
+    @model_validator(mode="after")
+    def _lego_stage_needs_clis(self) -> DemoModelSpec:
+        if self.lego_stage is not None and not self.cli_harnesses:
+            raise ValueError("lego_stage is a first stage for a CLI build: set cli_harnesses, or use sft alone")
+        return self
 
 
 def demo_training_tasks(config: Config | None = None) -> list[Task]:
@@ -188,16 +199,73 @@ def _demonstration_text(tokenizer_dir: Path, demos: Sequence[Demonstration]) -> 
     return texts
 
 
-def _progress_bar(total: int, enabled: bool) -> Any:
+def _train(model: Any, data: sft.SFTData, config: SFTConfig, desc: str, progress: bool) -> tuple[Any, Any]:
+    """`train_sft` with a progress bar that shows the loss and pass estimate at each check."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="warm-starting the demo model", unit="step", disable=not enabled, leave=False)
+    with tqdm(total=config.max_steps, desc=desc, unit="step", disable=not progress, leave=False) as bar:
+
+        def on_step(step: int, loss: float, estimate: float | None) -> None:
+            bar.update(1)
+            if estimate is not None:
+                bar.set_postfix({"loss": f"{loss:.3f}", "pass_est": f"{estimate:.2f}"}, refresh=False)
+
+        return train_sft(model, data, config, on_step=on_step)
+
+
+def _sft_data(demos: Sequence[Demonstration], spec: DemoModelSpec, tokenizer_dir: Path) -> sft.SFTData:
+    """The SFT rows of `demos`, each plan repeated as `spec.plan_repeats` says."""
+    weighted = [demo for demo in demos for _ in range(spec.plan_repeats.get(demo.plan, 1))]
+    return prepare(weighted, _token_id(tokenizer_dir, ENDOFTEXT), max_len=spec.max_context)
+
+
+def _lego_stage(
+    model: Any,
+    spec: DemoModelSpec,
+    tokenizer_dir: Path,
+    tasks: Sequence[Task],
+    options: list[LegoOptions],
+    progress: bool,
+) -> tuple[Any, dict[str, Any]]:
+    """A CLI build's first stage: SFT on lego demonstrations under the CLI model's tokenizer.
+
+    What the CLI demonstrations need most is to copy the task's values into a command, and a
+    model learns that only after hundreds of steps; a lego row is ~1k tokens where a CLI row
+    holds a system prompt of up to 15k, so those steps cost a tenth here (docs/benchmarks.md,
+    "The CLI run").
+    """
+    assert spec.lego_stage is not None
+    started = time.monotonic()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    demos = record_demonstrations(
+        tokenizer, tasks, options, plans=spec.plans, max_context=spec.max_context, max_tokens=spec.max_tokens
+    )
+    model, result = _train(model, _sft_data(demos, spec, tokenizer_dir), spec.lego_stage, "lego stage", progress)
+    return model, {
+        "demonstrations": len(demos),
+        "sft_steps": result.steps,
+        "reached_target": result.reached_target,
+        "pass_estimates": result.pass_estimates,
+        "loss_last": result.losses[-1],
+        "seconds": time.monotonic() - started,
+    }
 
 
 def build_demo_model(
-    out_dir: Path, spec: DemoModelSpec, tasks: Sequence[Task], harnesses: Sequence[dict[str, Any]], *, progress: bool
+    out_dir: Path,
+    spec: DemoModelSpec,
+    tasks: Sequence[Task],
+    harnesses: Sequence[dict[str, Any]],
+    *,
+    progress: bool,
+    lego_tasks: Sequence[Task] = (),
 ) -> dict[str, Any]:
-    """Build the model into `out_dir` (see the module docstring); returns the build figures."""
+    """Build the model into `out_dir` (see the module docstring); returns the build figures.
+
+    `harnesses` are the lego configurations: what a lego build records, and a CLI build's
+    `lego_stage` on `lego_tasks`."""
     started = time.monotonic()
     options = [LegoOptions(**h) for h in harnesses]
     work = out_dir / ".build"
@@ -222,20 +290,15 @@ def build_demo_model(
         tokenizer_dir=tokenizer_dir,
     )
     model = from_hf(init_dir)
-    weighted = [demo for demo in demos for _ in range(spec.plan_repeats.get(demo.plan, 1))]
-    data = prepare(weighted, _token_id(tokenizer_dir, ENDOFTEXT), max_len=spec.max_context)
+    data = _sft_data(demos, spec, tokenizer_dir)
     # Before and after on the stopping check's sample of groups: over every demonstration (each habit
     # episode twice) the seven-CLI build's first pass ran past 8 minutes.
     probe = sample_groups(data, spec.sft.eval_groups, spec.sft.seed)
     initial = evaluate(model, probe)
-    with _progress_bar(spec.sft.max_steps, progress) as bar:
-
-        def on_step(step: int, loss: float, estimate: float | None) -> None:
-            bar.update(1)
-            if estimate is not None:
-                bar.set_postfix({"loss": f"{loss:.3f}", "pass_est": f"{estimate:.2f}"}, refresh=False)
-
-        model, result = train_sft(model, data, spec.sft, on_step=on_step)
+    stage: dict[str, Any] = {}
+    if spec.lego_stage is not None:
+        model, stage = _lego_stage(model, spec, tokenizer_dir, lego_tasks, options, progress)
+    model, result = _train(model, data, spec.sft, "warm-starting the demo model", progress)
     final = evaluate(model, probe)
     to_hf(model, out_dir, tokenizer_from=init_dir)
     shutil.rmtree(work)
@@ -244,6 +307,7 @@ def build_demo_model(
         "sequences": int(data.tokens.shape[0]),
         "padded_length": int(data.tokens.shape[1]),
         "assistant_tokens": int(data.mask.sum()),
+        **({"lego_stage": stage} if stage else {}),
         "sft_steps": result.steps,
         "reached_target": result.reached_target,
         "initial": vars(initial),
@@ -278,15 +342,18 @@ def ensure_demo_model(
     private temp dir; the first rename wins and the others use its result.
     """
     tasks = list(tasks) if tasks is not None else demo_training_tasks()
-    harnesses = [dict(h) for h in spec.harnesses] or ([] if spec.cli_harnesses else demo_harness_options())
-    key = cache_key(spec, tasks, harnesses)
+    # A CLI build's lego stage records configs/demo.yaml's lego configurations on its training tasks.
+    lego_tasks = demo_training_tasks() if spec.lego_stage is not None else []
+    lego = not spec.cli_harnesses or spec.lego_stage is not None
+    harnesses = [dict(h) for h in spec.harnesses] or (demo_harness_options() if lego else [])
+    key = cache_key(spec, [*tasks, *lego_tasks], harnesses)
     target = Path(cache_dir) / f"demo-model-{key[:20]}"
 
     def build(tmp: Path) -> None:
         # The lego spec builds in minutes; the CLI spec records through Docker first and trains on
         # longer rows (docs/benchmarks.md has both builds' times).
         log.info("building the demo model into %s (one time: recording demonstrations, then SFT)", target)
-        info = build_demo_model(tmp, spec, tasks, harnesses, progress=progress)
+        info = build_demo_model(tmp, spec, tasks, harnesses, progress=progress, lego_tasks=lego_tasks)
         info["cache_key"] = key
         (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 

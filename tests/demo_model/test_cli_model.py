@@ -33,6 +33,11 @@ def test_the_cli_spec_records_through_known_clis_and_hashes_their_sources() -> N
     assert "legorl_jax.demo.sft" in sources and "legorl_jax.demo.sft" in lego_sources
 
 
+def test_the_lego_stage_is_only_a_first_stage_of_a_cli_build() -> None:
+    with pytest.raises(ValueError, match="lego_stage"):
+        DemoModelSpec(lego_stage=SFTConfig())
+
+
 def test_cache_key_moves_with_the_cli_harnesses() -> None:
     tasks = cli_demo_tasks(per_family=1)[:1]
     key = cache_key(CLI_DEMO_SPEC, tasks, [])
@@ -44,7 +49,11 @@ def test_cache_key_moves_with_the_cli_harnesses() -> None:
 @pytest.mark.docker
 @pytest.mark.npm
 @pytest.mark.slow  # the whole build with demonstrations recorded through a real CLI in Docker
-def test_a_tiny_cli_build_records_through_the_cli(tmp_path: Path) -> None:
+def test_a_tiny_cli_build_records_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    task = cli_demo_tasks(per_family=1)[:1]
+    # The lego stage records configs/demo.yaml's lego configurations on one task here (all its tasks in the real build).
+    monkeypatch.setattr(demo_model, "demo_training_tasks", lambda: task)
+    two_steps = SFTConfig(max_steps=2, batch_size=1, eval_every=2, target_pass=1.0)
     tiny = CLI_DEMO_SPEC.model_copy(
         update={
             "cli_harnesses": ("mini-swe-agent",),
@@ -56,12 +65,15 @@ def test_a_tiny_cli_build_records_through_the_cli(tmp_path: Path) -> None:
             "head_dim": 16,
             "intermediate_size": 64,
             "max_context": 4096,
-            "sft": SFTConfig(max_steps=2, batch_size=1, eval_every=2, target_pass=1.0),
+            "sft": two_steps,
+            "lego_stage": two_steps,
         }
     )
-    task = cli_demo_tasks(per_family=1)[:1]
     built = ensure_demo_model(tmp_path, progress=False, spec=tiny, tasks=task)
     info = json.loads((built / BUILD_INFO).read_text())
+    lego_configs = len(demo_model.demo_harness_options())
+    assert info["lego_stage"]["sft_steps"] == 2
+    assert info["lego_stage"]["demonstrations"] == lego_configs * len(tiny.plans)
     # One working episode and the habit (mini-swe-agent retries a prose answer: one sequence per try).
     assert info["demonstrations"] == 2 and info["sft_steps"] == 2
     assert info["sequences"] >= 2 and info["padded_length"] <= tiny.max_context
