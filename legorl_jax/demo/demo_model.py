@@ -9,7 +9,8 @@ embedded engine and `transformers` load. Building it:
    tool schemas, tool results) encode short;
 2. record them again with the final tokenizer: these token ids are what SFT trains on;
 3. initialise a small Qwen3 model (`build_tiny_hf_model`) and warm-start it
-   with SFT (`sft.py`) until it solves the demo tasks sometimes, not always;
+   with SFT (`sft.py`) until it solves the demo tasks sometimes, not always
+   (a CLI build first trains on lego demonstrations: `lego_stage`);
 4. export with `to_hf`, write `build_info.json` (figures of the build), and
    move the directory into place with one rename, so a crash never leaves a
    half-written model that a later run would trust.
