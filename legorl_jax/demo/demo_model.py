@@ -165,12 +165,19 @@ def _is_complete(model_dir: Path) -> bool:
 
 
 def _record(
-    tokenizer_dir: Path, tasks: Sequence[Task], options: list[LegoOptions], spec: DemoModelSpec, max_context: int
+    tokenizer_dir: Path,
+    tasks: Sequence[Task],
+    options: list[LegoOptions],
+    spec: DemoModelSpec,
+    max_context: int,
+    *,
+    through_clis: bool = True,
 ) -> list[Demonstration]:
+    """Demonstrations through the spec's CLIs when it names any (and `through_clis`), else through lego."""
     from transformers import AutoTokenizer  # deferred: seconds to import, only the build needs it
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    if spec.cli_harnesses:
+    if spec.cli_harnesses and through_clis:
         from legorl_jax.demo.cli_demonstrations import record_cli_demonstrations, working_demonstrations
 
         episodes = record_cli_demonstrations(
@@ -237,12 +244,7 @@ def _lego_stage(
     """
     assert spec.lego_stage is not None
     started = time.monotonic()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    demos = record_demonstrations(
-        tokenizer, tasks, options, plans=spec.plans, max_context=spec.max_context, max_tokens=spec.max_tokens
-    )
+    demos = _record(tokenizer_dir, tasks, options, spec, spec.max_context, through_clis=False)
     model, result = _train(model, _sft_data(demos, spec, tokenizer_dir), spec.lego_stage, "lego stage", progress)
     return model, {
         "demonstrations": len(demos),
