@@ -428,7 +428,7 @@ class SandboxConfig(Strict):
 class HarnessSpec(Strict):
     name: str = Field(description="Registered harness: lego, claude-code, opencode, codex, mini-swe-agent, ...")
     options: dict[str, Any] = Field({}, description="Harness options; for lego, its axes.")
-    weight: float = Field(1.0, gt=0, description="Relative sampling weight per group.")
+    weight: float = Field(1.0, gt=0, description="Share of the groups, relative to the other harnesses' weights.")
 
 
 class HarnessMixConfig(Strict):

@@ -216,14 +216,18 @@ class Learner:
         the loss was computed from (kept on device until asked for)."""
         acc, logprobs = self._accumulate(packed)
         lr = float(self.schedule(self.step))
-        self.params, self.opt_state, grad_norm = self._apply(
+        self.params, self.opt_state, stats = self._apply(
             self.params, self.opt_state, acc["grads"], jnp.float32(packed.normaliser)
         )
         self.step += 1
         metrics = finalize(acc["metrics"])
         metrics.update(packed.stats)
         metrics.update(
-            loss=float(acc["loss"]) / packed.normaliser, grad_norm=float(grad_norm), learning_rate=lr, step=self.step
+            loss=float(acc["loss"]) / packed.normaliser,
+            grad_norm=float(stats["grad_norm"]),
+            update_ratio=float(stats["update_ratio"]),
+            learning_rate=lr,
+            step=self.step,
         )
         return StepResult(metrics, packed, logprobs)
 
@@ -308,7 +312,12 @@ class Learner:
 
     def _apply_update(
         self, params: Params, opt_state: optax.OptState, grads: Params, normaliser: Array
-    ) -> tuple[Params, optax.OptState, Array]:
+    ) -> tuple[Params, optax.OptState, dict[str, Array]]:
         grads = jax.tree.map(lambda g: g / normaliser, grads)
         updates, opt_state = self.tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, optax.global_norm(grads)
+        # Adam scales every update to about the learning rate whatever the batch's signal, so a
+        # step on one informative group moves the weights as far as a step on many: this ratio
+        # (update norm over weight norm) shows how far each step moved the policy.
+        update_ratio = optax.global_norm(updates) / jnp.maximum(optax.global_norm(params), 1e-12)
+        stats = {"grad_norm": optax.global_norm(grads), "update_ratio": update_ratio}
+        return optax.apply_updates(params, updates), opt_state, stats

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -35,6 +37,17 @@ def test_harness_weights_and_readable_ids() -> None:
     ids = [sampler.next()[1].config_id for _ in range(400)]
     assert ids.count("lego[tools=minimal]") > 2 * ids.count("lego[tools=bash_only]")
     assert harness_choice(HarnessSpec(name="codex")).config_id == "codex"
+
+
+def test_equal_weights_give_every_harness_its_share_in_a_short_run() -> None:
+    clis = [HarnessSpec(name=name) for name in ("a", "b", "c", "d", "e", "f", "g")]
+    sampler = GroupSampler([f"t{i}" for i in range(10)], clis, seed=3)
+    counts = Counter(sampler.next()[1].name for _ in range(7 * 9 + 3))
+    assert set(counts) == set("abcdefg")
+    assert max(counts.values()) - min(counts.values()) <= 1
+    weighted = GroupSampler([f"t{i}" for i in range(5)], MIX, seed=2)
+    ids = Counter(weighted.next()[1].config_id for _ in range(400))
+    assert ids["lego[tools=minimal]"] == pytest.approx(300, abs=40)
 
 
 def test_no_tasks_is_a_clear_error() -> None:

@@ -108,3 +108,16 @@ def test_moe_router_loss_is_trained(mesh: jax.sharding.Mesh) -> None:
     # Same weights (same seed): the difference is coef × the load-balancing loss
     # E·Σ f_i·P_i, which near-uniform routing at init puts close to k = 2.
     assert losses[1] - losses[0] == pytest.approx(0.5 * 2, rel=0.2)
+
+
+def test_update_ratio_is_how_far_the_step_moved_the_weights(mesh: jax.sharding.Mesh) -> None:
+    learner = Learner(tiny_model(), rl_config(), learner_config(), mesh)
+    packed = learner.pack(random_sequences(3))
+    before = jax.device_get(learner.params)
+    metrics = learner.train_step(packed)
+    after = jax.device_get(learner.params)
+    pairs = zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True)
+    moved = np.sqrt(sum(float(np.sum((a - b) ** 2)) for a, b in pairs))
+    norm = np.sqrt(sum(float(np.sum(b**2)) for b in jax.tree.leaves(before)))
+    assert metrics["update_ratio"] > 0
+    assert metrics["update_ratio"] == pytest.approx(moved / norm, rel=1e-3)

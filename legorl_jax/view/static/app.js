@@ -21,6 +21,7 @@ const CHARTS = [
   { title: "Env failures and ungraded", keys: ["rollout/env_failures", "rollout/verifier_no_reward", "trajectories/ungraded", "trajectories/stale"] },
   { title: "Loss", keys: ["loss"] },
   { title: "Gradient norm and learning rate", keys: ["grad_norm", "learning_rate"] },
+  { title: "Update size (update norm / weight norm)", keys: ["update_ratio"] },
   { title: "Clip fractions", keys: ["clip_frac_low", "clip_frac_high"] },
   { title: "IS ratio and MIS rejections", keys: ["ratio_mean", "ratio_max", "mis_rejected_frac"] },
   { title: "Learner–engine logprob difference", keys: ["logprob_diff_mean", "logprob_diff_max", "prob_diff_mean", "prob_diff_max"] },
