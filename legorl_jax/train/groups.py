@@ -94,7 +94,7 @@ class GroupSampler:
         """The harness of the run's `index`-th group. Groups go in cycles of one per configuration,
         each cycle a systematic sample of the weights in a seeded order: equal weights give every
         configuration one group a cycle, so over a short run each trains about as often as its
-        weight says (independent draws left seven CLIs 44 to 80 trials apart in 16 steps)."""
+        weight says (independent draws left seven CLIs 48 to 96 trials apart in 16 steps)."""
         n = len(self.choices)
         draw = random.Random(f"{self.seed}/harness/{index // n}")
         total, offset = sum(self.weights), draw.random()
