@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import posixpath
+import shlex
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,6 +38,9 @@ _HARNESS_STATUS = {
     "cap_exceeded": pb.TRIAL_STATUS_CAP_EXCEEDED,
     "harness_error": pb.TRIAL_STATUS_HARNESS_ERROR,
 }
+# A CLI's `--version` is a Python or Node start-up: seconds alone, but it has run past a minute on
+# two cores busy with seven CLIs and the engine. Only a missing install should fail the check.
+_INSTALL_CHECK_S = 180.0
 # Ends the verifier still grades: the policy ran out of time or budget, which is its own doing.
 _GRADED = {pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED}
 
@@ -238,13 +242,15 @@ def _run_cli(
     harness: CliHarness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
 ) -> tuple[pb.TrialStatus, str, dict[str, float]]:
     install = harness.install_spec(spec.options)
-    check = sandbox.exec(install.check_argv(), timeout=60, user=AGENT_USER)
+    check = sandbox.exec(install.check_argv(), timeout=_INSTALL_CHECK_S, user=AGENT_USER)
+    if check.timed_out:
+        command = shlex.join(install.check_argv())
+        raise SandboxError(f"{install.requirement()}: the install check `{command}` {check.failure(_INSTALL_CHECK_S)}")
     if not check.ok:
         # Sandboxes reach nothing but the proxy, so a harness cannot be installed at trial time.
-        detail = (check.stderr or check.stdout).strip()[-300:] or f"exit code {check.exit_code}"
         raise SandboxError(
-            f"{install.requirement()} does not run in the sandbox ({detail}); bake it into the task image "
-            "or mount the host's install (sandbox.harness_tools)"
+            f"{install.requirement()} does not run in the sandbox ({check.failure(_INSTALL_CHECK_S)}); bake it into "
+            "the task image or mount the host's install (sandbox.harness_tools)"
         )
     ctx = HarnessContext(
         session_url=f"http://{sandbox.proxy_host}:{host.proxy_port}/s/{key}",
@@ -257,7 +263,7 @@ def _run_cli(
         ["sh", "-c", 'mkdir -p "$1" && chown -R "$2" "$1"', "sh", ctx.home, AGENT_USER], timeout=30, user=ROOT_USER
     )
     if not home.ok:
-        raise SandboxError(f"could not create {ctx.home}: {home.stderr.strip()}")
+        raise SandboxError(f"could not create {ctx.home}: {home.failure(30)}")
     for file in launch.files:
         _write_file(sandbox, file.path, file.content, file.mode)
     result = sandbox.exec(
@@ -288,7 +294,7 @@ def _write_file(sandbox: Sandbox, path: str, content: str, mode: int) -> None:
         # As the agent: a directory made by root (~/.qwen, say) would keep the CLI from writing its own state beside it.
         parent = sandbox.exec(["mkdir", "-p", posixpath.dirname(path)], timeout=30, user=AGENT_USER)
         if not parent.ok:
-            raise SandboxError(f"could not create the directory of {path}: {parent.stderr.strip()}")
+            raise SandboxError(f"could not create the directory of {path}: {parent.failure(30)}")
         sandbox.copy_in(local, path)
     fix = sandbox.exec(
         ["sh", "-c", 'chown "$1" "$2" && chmod "$3" "$2"', "sh", AGENT_USER, path, f"{mode:o}"],
@@ -296,7 +302,7 @@ def _write_file(sandbox: Sandbox, path: str, content: str, mode: int) -> None:
         user=ROOT_USER,
     )
     if not fix.ok:
-        raise SandboxError(f"could not hand {path} to {AGENT_USER}: {fix.stderr.strip()}")
+        raise SandboxError(f"could not hand {path} to {AGENT_USER}: {fix.failure(30)}")
 
 
 def _resolve(status: pb.TrialStatus, reason: str, verdict: Verdict) -> tuple[pb.TrialStatus, str]:

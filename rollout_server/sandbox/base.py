@@ -38,6 +38,13 @@ class ExecResult:
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
 
+    def failure(self, limit_s: float) -> str:
+        """Why a command that was not `ok` failed, for an error message: a time limit is not a crash."""
+        if self.timed_out:
+            return f"it ran past its {limit_s:.0f} s limit (an overloaded host?)"
+        output = (self.stderr or self.stdout).strip()[-300:]
+        return f"exit code {self.exit_code}" + (f": {output}" if output else "")
+
 
 @dataclass(frozen=True)
 class ToolMount:

@@ -3,7 +3,8 @@ right status and a reason, leaves no trial container behind, and never hangs
 (every wait is bounded by asyncio.wait_for).
 
 The agent is `lego` driven by the scripted engine, except for the harness
-crash, where the task image carries a crashing stand-in for a CLI harness.
+crash and the hung install check, where the task image carries a stand-in
+for a CLI harness.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from protos.legorl.v1 import rollout_pb2 as pb
 from protos.legorl.v1 import rollout_pb2_grpc as pb_grpc
+from rollout_server import trial
 from rollout_server.sandbox.reaper import TRIAL_LABEL
 
 from .stack import (
@@ -46,10 +48,16 @@ echo "RuntimeError: stand-in harness crashed on purpose" >&2
 exit 1
 """
 
+# TEST INSTRUMENT: a `mini` whose install check (`mini --help`) never answers, as on an overloaded host.
+HANGING_MINI = """#!/bin/sh
+sleep 600
+"""
 
-def crashing_cli_task(root: Path) -> Path:
-    task = task_variant(root, "harness-crash")
-    (task / "environment" / "mini").write_text(CRASHING_MINI)
+
+def stand_in_cli_task(root: Path, name: str, script: str) -> Path:
+    """A demo task whose image carries `script` as mini-swe-agent's `mini`."""
+    task = task_variant(root, name)
+    (task / "environment" / "mini").write_text(script)
     (task / "environment" / "mini").chmod(0o755)
     with (task / "environment" / "Dockerfile").open("a") as fh:
         fh.write("COPY mini /usr/local/bin/mini\n")
@@ -66,18 +74,21 @@ def containers_of(client: docker.DockerClient, request_id: str) -> list[Any]:
     ]
 
 
-def test_crash_kill_and_oom_each_end_with_their_status(
-    tokenizer_dir: Path, tokenizer: Any, docker_client: docker.DockerClient, tmp_path: Path
+def test_crash_kill_oom_and_a_hung_install_check_each_end_with_their_status(
+    tokenizer_dir: Path, tokenizer: Any, docker_client: docker.DockerClient, tmp_path: Path, monkeypatch: Any
 ) -> None:
     commands = {"oom": 'python3 -c "b = bytearray(512 * 2**20)"; echo "exit $?"', "killed": "sleep 60"}
     oom, killed = task_variant(tmp_path, "oom", memory_mb=64), task_variant(tmp_path, "killed")
-    crash = rollout_request("crash", [crashing_cli_task(tmp_path)], pb.HarnessConfig(name="mini-swe-agent"))
+    mini = pb.HarnessConfig(name="mini-swe-agent")
+    crash = rollout_request("crash", [stand_in_cli_task(tmp_path, "harness-crash", CRASHING_MINI)], mini)
+    hung = rollout_request("hung", [stand_in_cli_task(tmp_path, "install-hung", HANGING_MINI)], mini)
+    monkeypatch.setattr(trial, "_INSTALL_CHECK_S", 3.0)
 
     async def main() -> dict[str, pb.Trajectory]:
         with engine_on_host(tokenizer) as (engine, _, port):
             engine.respond = by_script(commands)
             async with running_server(scripted_server_config(f"http://127.0.0.1:{port}"), tokenizer_dir) as server:
-                requests = [crash, rollout_request("oom", [oom]), rollout_request("kill", [killed])]
+                requests = [crash, hung, rollout_request("oom", [oom]), rollout_request("kill", [killed])]
                 calls = [asyncio.create_task(rollout(server.address, r)) for r in requests]
                 await until(prompted(engine, "killed"), "the agent to be told to sleep")
                 (victim,) = containers_of(docker_client, "kill")
@@ -91,6 +102,11 @@ def test_crash_kill_and_oom_each_end_with_their_status(
     assert crashed.status == pb.TRIAL_STATUS_HARNESS_ERROR, crashed.error
     assert "exit code 1" in crashed.error and "crashed on purpose" in crashed.error
     assert not crashed.HasField("reward")
+    # A check that hangs is the host's trouble, and its error says so rather than "not installed".
+    hung_trial = results["install-hung"]
+    assert hung_trial.status == pb.TRIAL_STATUS_ENV_FAILURE, hung_trial.error
+    assert "ran past its 3 s limit" in hung_trial.error and "bake it into" not in hung_trial.error
+    assert not hung_trial.HasField("reward")
     oom_trial = results["oom"]
     assert oom_trial.status == pb.TRIAL_STATUS_CAP_EXCEEDED, oom_trial.error
     assert "out of memory" in oom_trial.error and "64 MB" in oom_trial.error
