@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         name = f"legorl {args.command}"
         from legorl_jax.core.config import ConfigError
-        from legorl_jax.core.errors import InputError
+        from legorl_jax.core.errors import InputError, disk_full
 
         try:
             return int(importlib.import_module(args._module).run(args) or 0)
@@ -81,6 +81,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         except InputError as exc:
             print(f"{name}: {exc}", file=sys.stderr)
+            return 1
+        except Exception as exc:
+            if (why := disk_full(exc)) is None:
+                raise
+            # Every writer leaves the last complete version in place (checkpoints, published weights,
+            # logs): the run is whole up to there, and the user's move is to free space.
+            print(
+                f"{name}: the disk is full ({why}); free space and run the command again "
+                "(`legorl train` resumes from its last checkpoint)",
+                file=sys.stderr,
+            )
             return 1
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)

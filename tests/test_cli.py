@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from legorl_jax.cli import SUBCOMMANDS
+from legorl_jax.core.errors import disk_full
 
 
 def legorl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -94,3 +96,32 @@ def test_what_the_user_fixes_is_one_error_not_a_traceback(tmp_path: Path) -> Non
     assert engine.returncode == 1, engine.stderr
     assert engine.stderr.startswith("legorl eval: the engine exited with code 1 before becoming healthy")
     assert "no config.json" in engine.stderr and "Traceback" not in engine.stderr.split("last output:")[0]
+
+
+def _chained(outer: Exception, inner: BaseException) -> Exception:
+    outer.__cause__ = inner
+    return outer
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        # orbax wraps tensorstore's error in its own, and the loop wraps that once more
+        _chained(
+            RuntimeError("the checkpoint of step 2 did not finish"),
+            ValueError(
+                'RESOURCE_EXHAUSTED: Error writing "mu" in OCDBT database: Failed to write 1345787 bytes to file 37: '
+                "No space left on device [os_error_code='28']"
+            ),
+        ),
+        OSError("944128 requested and 8192 written"),  # numpy's tofile on a full disk
+    ],
+    ids=["errno", "wrapped-orbax", "numpy-short-write"],
+)
+def test_a_full_disk_is_recognised_through_wrapping(exc: Exception) -> None:
+    assert disk_full(exc) is not None
+
+
+def test_other_errors_are_not_taken_for_a_full_disk() -> None:
+    assert disk_full(_chained(RuntimeError("boom"), OSError(errno.EACCES, "Permission denied"))) is None

@@ -213,9 +213,14 @@ def save_file(tensors: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-(8 + len(blob)) % _DATA_ALIGN)
     with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666), "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        # One sequential pass: parallel writes into the page cache measured slower here.
-        for array in tensors.values():
-            np.ascontiguousarray(array).reshape(-1).view(np.uint8).tofile(f)
-        f.truncate()
+        try:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            # One sequential pass: parallel writes into the page cache measured slower here.
+            # `write`, not numpy's `tofile`: a full disk then raises ENOSPC, not a bare short-write count.
+            for array in tensors.values():
+                f.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+            f.truncate()
+        except OSError as exc:
+            exc.filename = exc.filename or str(path)
+            raise

@@ -1,6 +1,6 @@
 """`legorl train` end to end, as a user runs it, killed with SIGKILL mid-run
-and started again: the run continues from its last checkpoint with no step
-lost or repeated and one continuous metrics file.
+(or stopped by a full disk) and started again: the run continues from its last
+checkpoint with no step lost or repeated and one continuous metrics file.
 
 The model is a tiny random Qwen3; the task is `coinflip` (a test instrument
 whose verifier grades at random) so every step has reward contrast to train
@@ -10,6 +10,7 @@ on; trials run in the local sandbox to keep the test short.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -98,6 +99,31 @@ def test_sigkill_then_rerun_continues_without_losing_or_repeating_steps(model_di
     assert (run / "weights" / "LATEST").read_text().strip() == "v00000004"
     assert any((run / "tensorboard").iterdir())
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit())[-1] == "4"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a small disk is a tmpfs mount, which needs root")
+def test_a_full_disk_stops_the_run_with_a_message_and_the_rerun_continues(model_dir: Path, tmp_path: Path) -> None:
+    """The run directory on a disk four times the model's size: a step's checkpoint (weights and
+    Adam's two moments) and published version fill it within the first steps."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    size_kib = 4 * sum(f.stat().st_size for f in model_dir.iterdir()) // 1024
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(disk)], check=True)
+    try:
+        command = train_command(model_dir, disk, steps=3)
+        full = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert full.returncode == 1, failure_report(full)
+        last = full.stderr.strip().splitlines()[-1]
+        assert last.startswith("legorl train: the disk is full (") and "No space left on device" in last, last
+        stopped_at = train_steps(disk / "e2e" / "metrics.jsonl")
+        subprocess.run(["mount", "-o", "remount,size=256m", str(disk)], check=True)
+        again = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert again.returncode == 0, failure_report(again)
+        steps = train_steps(disk / "e2e" / "metrics.jsonl")
+        assert steps == [1, 2, 3], f"stopped after steps {stopped_at}; steps recorded {steps}"
+        assert (disk / "e2e" / "weights" / "LATEST").read_text().strip() == "v00000003"
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def du(directory: Path) -> int:
