@@ -1,7 +1,8 @@
 """`SandboxFactory`, what the rollout server holds: it decides Docker or local
 once (never local by surprise: that takes `kind="local"` or an explicit
 `allow_local_fallback`), prepares the proxy-only network, reaps orphans at
-start-up, and makes one sandbox per trial from a task (`spec_for_task`)."""
+start-up (containers, or local sandboxes' directories), and makes one sandbox
+per trial from a task (`spec_for_task`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import docker.errors as docker_errors
 
 from rollout_server.sandbox.base import Sandbox, SandboxError, SandboxSpec
 from rollout_server.sandbox.docker import DockerSandbox
-from rollout_server.sandbox.local import LocalSandbox, bwrap_path
+from rollout_server.sandbox.local import LocalSandbox, bwrap_path, reap_local_dirs
 from rollout_server.sandbox.network import ProxyNetwork, ensure_proxy_network, reap_stale_networks, remove_proxy_network
 from rollout_server.sandbox.reaper import Reaper
 from rollout_server.tasks import Task
@@ -120,6 +121,9 @@ class SandboxFactory:
                 self._network = ensure_proxy_network(client, proxy_port)
         else:
             _warn_local(kind, network)
+            reaped_dirs = reap_local_dirs()
+            if reaped_dirs:
+                log.info("removed %d local sandboxes of servers that are gone", len(reaped_dirs))
 
     @property
     def client(self) -> docker_sdk.DockerClient | None:

@@ -43,6 +43,7 @@ from rollout_server.sandbox.base import (
     SandboxSpec,
     as_argv,
 )
+from rollout_server.sandbox.owner import owner_alive, owner_id
 
 # Host directories every command needs, shared read-only.
 _SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt")
@@ -111,6 +112,39 @@ class _ProxyBridge:
         except OSError:
             pass
         self._listener.close()
+
+
+# In each sandbox's host directories: the owner id of the server that made them (`owner.py`).
+_OWNER_FILE = ".owner"
+
+
+def _claimed_dir(prefix: str) -> Path:
+    """A new temp directory that names this process as its owner, for `reap_local_dirs`."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    (path / _OWNER_FILE).write_text(owner_id())
+    return path
+
+
+def reap_local_dirs(parent: Path | None = None) -> list[Path]:
+    """Remove local sandboxes' directories whose server is gone (killed before `stop` ran), loop mounts
+    (`storage_mb`) first; returns them. A directory without an owner file is not a sandbox's: left alone."""
+    parent = Path(tempfile.gettempdir()) if parent is None else parent
+    removed = []
+    for path in sorted(parent.glob("legorl-*")):
+        try:
+            owner = (path / _OWNER_FILE).read_text()
+        except OSError:
+            continue
+        if owner_alive(owner):
+            continue
+        with open("/proc/self/mounts", encoding="utf-8") as fh:
+            mounts = [line.split()[1] for line in fh]
+        for mount in mounts:
+            if mount.startswith(f"{path}/"):
+                subprocess.run(["umount", "-l", mount], capture_output=True, timeout=60)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _limits(spec: SandboxSpec) -> list[str]:
@@ -206,7 +240,7 @@ class LocalSandbox:
     def start(self) -> None:
         if self._root is not None:
             raise SandboxError(f"sandbox {self.spec.trial_id} already started")
-        self._root = Path(tempfile.mkdtemp(prefix=f"legorl-{self.spec.trial_id}-"))
+        self._root = _claimed_dir(f"legorl-{self.spec.trial_id}-")
         self._deadline = time.monotonic() + self.spec.wall_clock_s
         if self.spec.storage_mb is not None:
             self._mount_disk(self.spec.storage_mb)
@@ -252,7 +286,7 @@ class LocalSandbox:
 
     def _open_bridge(self) -> None:
         # Its own short path: a unix socket's path is capped at 108 bytes.
-        self._bridge_dir = Path(tempfile.mkdtemp(prefix="legorl-px-"))
+        self._bridge_dir = _claimed_dir("legorl-px-")
         self._bridge_dir.chmod(0o711)
         shutil.copy(proxy_forward.__file__, self._bridge_dir / "proxy_forward.py")
         assert self._proxy_port is not None

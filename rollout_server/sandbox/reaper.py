@@ -11,13 +11,13 @@ deadline, when PID 1's `sleep` ends).
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 
 import docker
 import docker.errors
+
+from rollout_server.sandbox.owner import owner_alive, owner_id
 
 log = logging.getLogger(__name__)
 
@@ -26,32 +26,8 @@ OWNER_LABEL = "legorl.owner"
 DEADLINE_LABEL = "legorl.deadline"
 
 
-def _process_start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            # Field 22 (starttime) follows the parenthesised command name, which may hold spaces.
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def owner_id(pid: int | None = None) -> str:
-    pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}/{pid}/{_process_start_time(pid) or '?'}"
-
-
 def labels(trial_id: str, deadline: float) -> dict[str, str]:
     return {TRIAL_LABEL: trial_id, OWNER_LABEL: owner_id(), DEADLINE_LABEL: f"{deadline:.0f}"}
-
-
-def _owner_alive(owner: str) -> bool:
-    host, _, rest = owner.partition("/")
-    if host != socket.gethostname():
-        return True  # another host's process: only its deadline can retire it
-    pid_text, _, start = rest.partition("/")
-    if not pid_text.isdigit():
-        return False
-    return _process_start_time(int(pid_text)) == start
 
 
 def orphan_reason(container_labels: dict[str, str], status: str, now: float) -> str | None:
@@ -64,7 +40,7 @@ def orphan_reason(container_labels: dict[str, str], status: str, now: float) -> 
         return "unreadable deadline label"
     if deadline <= now:
         return "deadline passed"
-    if not _owner_alive(container_labels.get(OWNER_LABEL, "")):
+    if not owner_alive(container_labels.get(OWNER_LABEL, "")):
         return f"owner {container_labels.get(OWNER_LABEL)} is gone"
     return None
 

@@ -13,7 +13,8 @@ import pytest
 from rollout_server.sandbox.base import AGENT_USER, SandboxError, SandboxSpec
 from rollout_server.sandbox.docker import DockerSandbox, _storage_size_support
 from rollout_server.sandbox.images import BASE_IMAGE
-from rollout_server.sandbox.reaper import DEADLINE_LABEL, OWNER_LABEL, TRIAL_LABEL, owner_id
+from rollout_server.sandbox.owner import owner_id
+from rollout_server.sandbox.reaper import DEADLINE_LABEL, OWNER_LABEL, TRIAL_LABEL
 
 pytestmark = pytest.mark.docker
 MakeBox = Callable[..., DockerSandbox]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from rollout_server.sandbox.base import AGENT_USER, SandboxError, SandboxSpec
-from rollout_server.sandbox.local import LocalSandbox, _unprivileged_bwrap_works, bwrap_path
+from rollout_server.sandbox.local import LocalSandbox, _unprivileged_bwrap_works, bwrap_path, reap_local_dirs
 
 from .test_network import serve
 
@@ -236,3 +238,34 @@ def test_the_final_message_replaces_what_the_agent_left_there(make_box: MakeBox,
     _leave_final_message(box, "the answer is 42")
     assert target.read_text() == "keep me\n"
     assert not planted.is_symlink() and planted.read_text() == "the answer is 42"
+
+
+# A server that starts a sandbox with a disk limit (as root) and is then killed before it can stop it.
+KILLED_SERVER = """
+import sys, time
+from rollout_server.sandbox.base import SandboxSpec
+from rollout_server.sandbox.local import LocalSandbox
+spec = SandboxSpec(trial_id="killed", environment_dir=None, storage_mb=int(sys.argv[1]) or None)
+box = LocalSandbox(spec, use_bwrap=False, network="host")
+box.start()
+print(box.host_path("/app").parent.parent, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_servers_sandbox_is_reaped_and_a_live_ones_kept(make_box: MakeBox) -> None:
+    storage_mb = 20 if os.geteuid() == 0 else 0  # the loop mount needs root
+    server = subprocess.Popen([sys.executable, "-c", KILLED_SERVER, str(storage_mb)], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    printed = server.stdout.readline().strip()
+    assert printed, "the server did not start its sandbox"
+    orphan = Path(printed)
+    server.kill()
+    server.wait()
+    live = make_box(use_bwrap=False).host_path("/app").parent.parent
+    assert orphan.is_dir() and (orphan / "fs").is_dir()
+
+    removed = reap_local_dirs(orphan.parent)
+    assert orphan in removed and not orphan.exists()
+    assert live.is_dir() and live not in removed
+    assert not any(str(orphan) in line for line in Path("/proc/self/mounts").read_text().splitlines())

@@ -12,7 +12,8 @@ import time
 import docker
 import pytest
 
-from rollout_server.sandbox.reaper import DEADLINE_LABEL, OWNER_LABEL, orphan_reason, owner_id, reap
+from rollout_server.sandbox.owner import owner_id
+from rollout_server.sandbox.reaper import DEADLINE_LABEL, OWNER_LABEL, orphan_reason, reap
 
 NOW = 1_000_000.0
 
