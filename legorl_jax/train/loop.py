@@ -45,6 +45,7 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from legorl_jax.core.config import Config, ConfigError, dump_config
+from legorl_jax.core.files import replace_text
 from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import Fleet, GroupResult, LocalServer, configured_fleet
 from legorl_jax.models import CausalLM, from_hf
@@ -299,7 +300,7 @@ class Trainer:
         cfg = self.config
         if group.is_leader:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+            replace_text(self.run_dir / "config.yaml", dump_config(cfg))
         model_dir = await self._model_dir(group)
         learner = await self.worker.run(self._build_learner, model_dir)
         checkpoints = Checkpointer(self.checkpoint_dir, cfg.learner.checkpoint)

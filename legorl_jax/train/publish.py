@@ -68,6 +68,7 @@ import tensorstore as ts
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from legorl_jax.core.files import replace_text
 from legorl_jax.core.weight_delta import encode_delta, read_header, weights_digest
 from legorl_jax.core.weight_layout import (
     DELTA_FILE,
@@ -190,7 +191,7 @@ class _LocalStore:
             write(tmp)
             if jax.process_index() == 0:
                 install_directory(tmp, self.root / name)
-                _replace_file(self.root / LATEST_FILE, name)
+                replace_text(self.root / LATEST_FILE, name + "\n")
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -211,12 +212,6 @@ class _LocalStore:
     def latest(self) -> str | None:
         pointer = self.root / LATEST_FILE
         return str(self.root / pointer.read_text().strip()) if pointer.is_file() else None
-
-
-def _replace_file(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
 
 
 class _KvStore:

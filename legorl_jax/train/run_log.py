@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from legorl_jax.core.files import replace_text
+
 METRICS_FILE = "metrics.jsonl"
 SFT_RUN_FILE = "sft.json"  # what marks a `legorl sft` run directory (its rollouts, filter and counts)
 SFT_MODEL_DIR = "model"  # the fine-tuned HF directory inside a `legorl sft` run directory
@@ -56,9 +58,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def cut_back(path: Path, resume_step: int) -> list[dict[str, Any]]:
     """Keeps only the records of steps up to `resume_step` (and returns them): a resumed run writes the
-    later ones again."""
+    later ones again. All at once: a resume on a full disk must not cut the log it was keeping."""
     kept = [r for r in read_jsonl(path) if r.get("step", 0) <= resume_step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    replace_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
 

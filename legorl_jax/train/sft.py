@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from legorl_jax.core.config import Config, ConfigError, LearnerConfig, RLConfig, SupervisedConfig, dump_config
+from legorl_jax.core.files import replace_text
 from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import configured_fleet
 from legorl_jax.models import read_hf_config, to_hf
@@ -125,7 +126,7 @@ def run_sft(
     data = read_sft_data(directories, keep, int(read_hf_config(model_dir)["vocab_size"]))
     steps = sft_steps(config.sft, len(data.sequences))
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(config))
+    replace_text(run_dir / "config.yaml", dump_config(config))
     source = {"rollouts": [str(d) for d in directories], "filter": dataclasses.asdict(keep), "steps": steps}
     (run_dir / SFT_RUN_FILE).write_text(json.dumps({**source, **data.summary()}, indent=2) + "\n")
     learner = _build_learner(config, model_dir, steps)
