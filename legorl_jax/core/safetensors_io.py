@@ -5,8 +5,8 @@ shape, byte range of each tensor) and the raw bytes. The safetensors library
 cannot read bfloat16 into numpy (numpy has no such dtype name), makes one
 device array per slice through its jax reader, and its writer ran at a third
 of raw disk speed here (scripts/bench_hf_io.py). Reading straight into the
-destination buffers with `preadv`, several reads in flight, and writing with
-`ndarray.tofile` runs at raw file speed; the files stay readable by the
+destination buffers with `preadv`, several reads in flight, and writing each
+array's bytes with one `write` runs at raw file speed; the files stay readable by the
 library, transformers and vLLM.
 """
 

@@ -129,6 +129,8 @@ def reap_local_dirs(parent: Path | None = None) -> list[Path]:
     """Remove local sandboxes' directories whose server is gone (killed before `stop` ran), loop mounts
     (`storage_mb`) first; returns them. A directory without an owner file is not a sandbox's: left alone."""
     parent = Path(tempfile.gettempdir()) if parent is None else parent
+    with open("/proc/self/mounts", encoding="utf-8") as fh:
+        mounts = [line.split()[1] for line in fh]
     removed = []
     for path in sorted(parent.glob("legorl-*")):
         try:
@@ -137,8 +139,6 @@ def reap_local_dirs(parent: Path | None = None) -> list[Path]:
             continue
         if owner_alive(owner):
             continue
-        with open("/proc/self/mounts", encoding="utf-8") as fh:
-            mounts = [line.split()[1] for line in fh]
         for mount in mounts:
             if mount.startswith(f"{path}/"):
                 subprocess.run(["umount", "-l", mount], capture_output=True, timeout=60)
