@@ -9,7 +9,11 @@ through `attend`:
   backward pass that recomputes each tile, so memory grows with the row, not
   its square, and tiles no query can see are skipped. "auto" picks it for
   rows of two or more tiles (multiples of 128) wherever no fused kernel
-  takes the call: on CPU, for float32 on GPUs, for tree rows on TPU.
+  takes the call: on CPU, for float32 on GPUs, for tree rows on TPU. On
+  CPU at float32 (head_dim a multiple of 16) the same computation runs as
+  `cpu_kernels`' C++ kernel (`train_attention.cc`, forward and backward),
+  which XLA's loops of small products trail severalfold; elsewhere, or
+  without a C++ compiler, XLA's.
 - XLA (`jax.nn.dot_product_attention(implementation="xla")`) runs everywhere
   and builds the [B, N, T, T] score matrix: "auto" keeps it for rows of one
   tile and rows no tile size divides.
@@ -39,8 +43,8 @@ patterns and it takes packing only as equal segment ids), so a tree call
 that would run splash runs blockwise (XLA for a one-tile row) instead, and
 says so in the log.
 
-Sharding: a Pallas kernel is opaque to XLA's SPMD partitioner, so under a
-context mesh (`jax.set_mesh`) splash runs inside `jax.shard_map`: rows split
+Sharding: a Pallas or FFI kernel is opaque to XLA's SPMD partitioner, so under a
+context mesh (`jax.set_mesh`) splash and the CPU kernel run inside `jax.shard_map`: rows split
 over the `data`/`fsdp` axes, heads over `tensor`, each where it divides. With
 several devices and no context mesh "auto" keeps XLA (whole-array kernel calls
 would not be data parallel); the learner's step must be traced under
@@ -59,7 +63,7 @@ import contextlib
 import contextvars
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Literal, get_args
 
@@ -102,6 +106,11 @@ def compile_target(platform: str) -> Iterator[None]:
         _TARGET.reset(token)
 
 
+def _compile_backend() -> str:
+    """The platform programs are compiled for: `compile_target`'s, else this process's default backend."""
+    return _TARGET.get() or jax.default_backend()
+
+
 def resolve_kernel(
     kernel: AttentionKernel, dtype: jnp.dtype, head_dim: int, seq_len: int | None = None
 ) -> Implementation:
@@ -114,7 +123,7 @@ def resolve_kernel(
     """
     if kernel not in get_args(AttentionKernel):
         raise ValueError(f"attention_kernel must be one of {get_args(AttentionKernel)}, got {kernel!r}")
-    backend = _TARGET.get() or jax.default_backend()
+    backend = _compile_backend()
     if kernel in _BACKEND_OF and backend != _BACKEND_OF[kernel][0]:
         raise ValueError(f"attention_kernel={kernel!r} needs {_BACKEND_OF[kernel][1]}; this process runs on {backend}")
     if kernel in ("splash", "blockwise") and (seq_len is None or tile_size(seq_len) is None):
@@ -156,6 +165,9 @@ def attend(
     if impl == "splash":
         return splash_attention(q, k, v, segment_ids)
     if impl == "blockwise":
+        if _compile_backend() == "cpu" and cpu_kernels.train_attention_fits(q):
+            ends = jnp.full(segment_ids.shape, q.shape[1], jnp.int32) if kv_end is None else kv_end
+            return _per_shard(cpu_kernels.train_attention, q, k, v, segment_ids, ends)
         tile = tile_size(q.shape[1])
         assert tile is not None  # resolve_kernel picks blockwise only for rows of whole tiles
         return blockwise_attention(q, k, v, segment_ids, kv_end, block=tile)
@@ -189,18 +201,27 @@ def splash_attention(
     """
     if tile_size(q.shape[1]) is None:
         raise ValueError(f"splash attention needs a row length that is a multiple of 128, got {q.shape[1]}")
-    run = partial(_splash_per_shard, interpret=interpret)
+    return _per_shard(partial(_splash_per_shard, interpret=interpret), q, k, v, segment_ids)
+
+
+def _per_shard(run: Callable[..., jax.Array], q: jax.Array, k: jax.Array, v: jax.Array, *rows: jax.Array) -> jax.Array:
+    """run(q, k, v, *rows) -> [B, T, N, H] on each shard under a context mesh, else whole.
+
+    A kernel call (Pallas, FFI) is opaque to XLA's SPMD partitioner, which would
+    gather its inputs whole onto every device; rows (q/k/v and each [B, T] of
+    `rows`) split over the batch axes and heads over `tensor` instead, each where it divides.
+    """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
-        return run(q, k, v, segment_ids)
-    rows = [axis for axis in BATCH_AXES if axis in mesh.axis_names]
-    rows_spec = tuple(rows) if rows and q.shape[0] % math.prod(mesh.shape[a] for a in rows) == 0 else None
+        return run(q, k, v, *rows)
+    batch = [axis for axis in BATCH_AXES if axis in mesh.axis_names]
+    rows_spec = tuple(batch) if batch and q.shape[0] % math.prod(mesh.shape[a] for a in batch) == 0 else None
     # Sharding kv heads over `tensor` keeps each query head with its kv head (contiguous grouping).
     heads = "tensor" if "tensor" in mesh.axis_names and k.shape[2] % mesh.shape["tensor"] == 0 else None
     qkv = PartitionSpec(rows_spec, None, heads, None)
-    # check_vma off: the splash kernel declares its outputs without how they vary over mesh axes.
-    in_specs = (qkv, qkv, qkv, PartitionSpec(rows_spec, None))
-    return jax.shard_map(run, in_specs=in_specs, out_specs=qkv, check_vma=False)(q, k, v, segment_ids)
+    # check_vma off: the kernels declare their outputs without how they vary over mesh axes.
+    in_specs = (qkv, qkv, qkv, *[PartitionSpec(rows_spec, None)] * len(rows))
+    return jax.shard_map(run, in_specs=in_specs, out_specs=qkv, check_vma=False)(q, k, v, *rows)
 
 
 def _splash_per_shard(

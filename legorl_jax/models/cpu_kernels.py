@@ -1,16 +1,20 @@
-"""The engine's CPU kernels for decode steps: build, load, call.
+"""The CPU kernels: the engine's decode steps and training rows' attention. Build, load, call.
 
 A decode step on CPU is bound by memory reads, and XLA reads below the
 memory system's speed at its shapes. `decode_attention.cc` reads each row's
 KV blocks straight from the pool, once (XLA gathers each row's window, then
 runs many tiny products); `decode_matmul.cc` multiplies the step's few rows
-by a weight streamed once in its stored [out, in] layout. Both are compiled
-with the system's C++ compiler on first use for this machine (`-march=native`)
-into one library in the cache (`$LEGORL_CACHE`, default `.cache/` in the
-repository), keyed by the sources, the compiler, the CPU and jaxlib, and
-registered with XLA as FFI targets. Without a compiler (or off CPU)
-`available()` is False and the engine keeps XLA's path, saying why once in
-the log.
+by a weight streamed once in its stored [out, in] layout. A training row's
+attention is bound by arithmetic instead, and XLA's blockwise loops run far
+below the FMA units' speed: `train_attention.cc` computes the same thing
+(forward and backward) a 64 x 64 tile at a time in vector registers.
+
+All are compiled with the system's C++ compiler on first use for this machine
+(`-march=native`) into one library in the cache (`$LEGORL_CACHE`, default
+`.cache/` in the repository), keyed by the sources, the compiler, the CPU and
+jaxlib, and registered with XLA as FFI targets. Without a compiler (or off
+CPU) `available()` is False and the callers keep XLA's path, saying why once
+in the log.
 """
 
 from __future__ import annotations
@@ -37,18 +41,28 @@ from legorl_jax.models.kv_cache import LayerView
 logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-SOURCES = (_HERE / "decode_attention.cc", _HERE / "decode_matmul.cc")
-_HEADERS = (_HERE / "cpu_pool.h",)
+SOURCES = (_HERE / "decode_attention.cc", _HERE / "decode_matmul.cc", _HERE / "train_attention.cc")
+_HEADERS = (_HERE / "cpu_pool.h", _HERE / "cpu_math.h")
 # FFI target name -> the handler symbol the library exports.
-_TARGETS = {"legorl_decode_attention": "LegorlDecodeAttention", "legorl_decode_matmul": "LegorlDecodeMatmul"}
+_TARGETS = {
+    "legorl_decode_attention": "LegorlDecodeAttention",
+    "legorl_decode_matmul": "LegorlDecodeMatmul",
+    "legorl_train_attention_fwd": "LegorlTrainAttentionForward",
+    "legorl_train_attention_bwd": "LegorlTrainAttentionBackward",
+}
 _LIBRARY = "cpu_kernels.so"
 # Rows up to which a product takes the kernel: a decode step's (prefill chunks keep XLA's dot, compute-bound there).
 MATMUL_MAX_ROWS = 32
+# A training row's attention works in 64-query, 64-key tiles (train_attention.cc's kTile).
+TRAIN_TILE = 64
 _FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC")
 
 
 def available() -> bool:
-    """Whether decode steps can run the kernels: a CPU backend and a library built and registered."""
+    """Whether the kernels can run: a CPU backend, a library built and registered, and
+    `LEGORL_CPU_KERNELS` not `off` (which keeps every caller on XLA's path; read at trace time)."""
+    if os.environ.get("LEGORL_CPU_KERNELS", "on") == "off":
+        return False
     return jax.default_backend() == "cpu" and _registered() is not None
 
 
@@ -81,6 +95,52 @@ def decode_matmul(x: jax.Array, weight: jax.Array, layer: jax.Array | int = 0) -
     flat = x.reshape(-1, x.shape[-1])
     call = jax.ffi.ffi_call("legorl_decode_matmul", jax.ShapeDtypeStruct((flat.shape[0], weight.shape[-2]), x.dtype))
     return call(flat, weight, jnp.asarray(layer, jnp.int32).reshape(1)).reshape(*x.shape[:-1], weight.shape[-2])
+
+
+def train_attention_fits(q: jax.Array) -> bool:
+    """Whether `train_attention` runs for q[B, T, N, H]: float32, T a multiple of the tile, H of 16
+    (two vector registers), kernels available."""
+    return q.dtype == jnp.float32 and q.shape[1] % TRAIN_TILE == 0 and q.shape[3] % 16 == 0 and available()
+
+
+@jax.custom_vjp
+def train_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, kv_end: jax.Array) -> jax.Array:
+    """blockwise_attention's result (float32 q[B, T, N, H], k/v[B, T, K, H], segment_ids and
+    kv_end int32[B, T]) by the kernel; differentiable in q, k and v."""
+    return _train_forward(q, k, v, segment_ids, kv_end)[0]
+
+
+def _train_forward(
+    q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, kv_end: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    if not train_attention_fits(q):
+        raise ValueError(
+            f"train_attention: float32 rows of a multiple of {TRAIN_TILE} tokens, head_dim a multiple of 16, "
+            "on the CPU kernels only"
+        )
+    b, t, n, _ = q.shape
+    outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, t), jnp.float32))
+    rows = (segment_ids.astype(jnp.int32), kv_end.astype(jnp.int32))
+    out, lse = jax.ffi.ffi_call("legorl_train_attention_fwd", outs)(q, k, v, *rows)
+    return out, lse
+
+
+def _train_fwd(
+    q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, kv_end: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    out, lse = _train_forward(q, k, v, segment_ids, kv_end)
+    return out, (q, k, v, segment_ids, kv_end, out, lse)
+
+
+def _train_bwd(residuals: tuple[jax.Array, ...], d_out: jax.Array) -> tuple[jax.Array | None, ...]:
+    q, k, v, segment_ids, kv_end, out, lse = residuals
+    grads = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
+    rows = (segment_ids.astype(jnp.int32), kv_end.astype(jnp.int32))
+    dq, dk, dv = jax.ffi.ffi_call("legorl_train_attention_bwd", grads)(q, k, v, *rows, out, lse, d_out)
+    return dq, dk, dv, None, None
+
+
+train_attention.defvjp(_train_fwd, _train_bwd)
 
 
 @functools.cache

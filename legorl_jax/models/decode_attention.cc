@@ -22,6 +22,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_math.h"
 #include "cpu_pool.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -46,26 +47,6 @@ inline uint16_t float_to_bf16(float x) {
 
 inline float load(const float* p, int64_t i) { return p[i]; }
 inline float load(const uint16_t* p, int64_t i) { return bf16_to_float(p[i]); }
-
-// exp for x <= 0, inline and branch-free instead of a libm call per score
-// (a profile shows this loop at a few percent of the kernel). 2^n * e^r with |r| <= ln2 / 2, a degree-6 polynomial:
-// relative error ~2e-7. Below -87 it returns 0 (so does -inf).
-inline float fast_exp(float x) {
-  const float clamped = std::max(x, -87.0f);
-  const float n = std::nearbyint(clamped * 1.44269504088896341f);
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.0f ? 0.0f : p * scale;
-}
 
 // Asks for the cache lines of `count` elements from `p` (a hint; never faults).
 template <typename T>
@@ -178,7 +159,7 @@ void attend_pair(const Shape& s, int64_t b, int64_t kv, const Q* q, const KV* k_
     float total = 0.0f;
 #pragma omp simd reduction(+ : total)
     for (int64_t p = 0; p < reach; ++p) {
-      const float e = fast_exp(row[p] - top);
+      const float e = legorl::fast_exp(row[p] - top);
       total += e;
       // The probabilities meet the values in the values' dtype, as on the XLA path.
       row[p] = sizeof(KV) == 2 ? bf16_to_float(float_to_bf16(e)) : e;

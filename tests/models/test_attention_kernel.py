@@ -137,7 +137,7 @@ from collections.abc import Callable
 from functools import partial
 from jax.sharding import NamedSharding, PartitionSpec as P
 from legorl_jax.models import make_mesh
-from legorl_jax.models.attention import splash_attention
+from legorl_jax.models.attention import attend, splash_attention
 from legorl_jax.models.blockwise_attention import blockwise_attention
 from test_attention_kernel import _SEGMENTS, _qkv, _xla
 
@@ -152,10 +152,15 @@ with jax.set_mesh(mesh):
     assert "shard_map" in str(jax.make_jaxpr(splash)(q, k, v, seg))
     got = loss(splash)(q, k, v)
     blockwise = loss(lambda q, k, v, seg: blockwise_attention(q, k, v, seg, None, block=128))(q, k, v)
+    # attend's blockwise on CPU at float32: the C++ kernel, each shard's rows and heads its own call.
+    kernel = lambda q, k, v, seg: attend(q, k, v, seg, kernel="blockwise")
+    assert "shard_map" in str(jax.make_jaxpr(kernel)(q, k, v, seg))
+    cpu = loss(kernel)(q, k, v)
 want = loss(_xla)(q, k, v)
-for a, b, c in zip(jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(blockwise)):
+for a, b, c, d in zip(*(jax.tree.leaves(x) for x in (got, want, blockwise, cpu))):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(c, b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(d, b, rtol=1e-5, atol=1e-4)
 print("ok")
 """
 
@@ -239,20 +244,24 @@ def test_blockwise_memory_grows_with_the_row_not_its_square() -> None:
     q, k, v = _qkv(8, 1, 4096, 4, 2, 32)
     seg = jnp.ones((1, 4096), jnp.int32)
 
-    def temp_bytes(kernel: str) -> int:
-        loss = lambda q, k, v: attend(q, k, v, seg, kernel=kernel).sum()  # noqa: E731  # type: ignore[arg-type]
+    def temp_bytes(fn: Callable[..., jax.Array]) -> int:
+        loss = lambda q, k, v: fn(q, k, v).sum()  # noqa: E731
         compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
         return int(compiled.memory_analysis().temp_size_in_bytes)
 
-    dense, blockwise = temp_bytes("xla"), temp_bytes("blockwise")
+    # XLA's loops (attend runs the C++ kernel on CPU, whose buffers XLA does not see; it holds tiles too).
+    dense = temp_bytes(lambda q, k, v: attend(q, k, v, seg, kernel="xla"))
+    blockwise = temp_bytes(lambda q, k, v: blockwise_attention(q, k, v, seg, None, block=512))
     # Dense scores alone are 4 heads x 4096^2 float32 = 256 MiB; a row's q/k/v and gradients ~ 6 MiB.
     assert dense > 256 * 2**20 and blockwise < 32 * 2**20, (dense, blockwise)
 
 
-def test_blockwise_in_the_model_matches_xla_with_remat() -> None:
+# head_dim 8 runs XLA's blockwise loops on CPU, 16 the C++ kernel (cpu_kernels.train_attention_fits).
+@pytest.mark.parametrize("head_dim", [8, 16])
+def test_blockwise_in_the_model_matches_xla_with_remat(head_dim: int) -> None:
     config = ModelConfig(
         architecture="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
-        num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, remat="full", attention_kernel="xla",
+        num_heads=4, num_kv_heads=2, head_dim=head_dim, qk_norm=True, remat="full", attention_kernel="xla",
     )  # fmt: skip
     tokens = jnp.asarray(np.random.default_rng(9).integers(0, 64, (2, 384)), jnp.int32)
     seg, kv_end = jnp.asarray(_TREE_SEGMENTS), jnp.asarray(_TREE_KV_END)

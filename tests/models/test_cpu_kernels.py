@@ -1,4 +1,5 @@
-"""The CPU decode kernels give XLA's results: attention reads only what it may, products match numpy."""
+"""The CPU kernels give XLA's results: decode attention reads only what it may, products match numpy,
+training attention matches XLA's forward and gradients on packed and tree rows."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from legorl_jax.models import cpu_kernels
-from legorl_jax.models.attention import paged_attention
+from legorl_jax.models.attention import attend, paged_attention
 from legorl_jax.models.kv_cache import LayerView
 
 # CI has a compiler: there a kernel that failed to build fails these tests instead of skipping them.
@@ -125,3 +126,41 @@ def test_decode_matmul_takes_only_few_float32_rows() -> None:
         cpu_kernels.decode_matmul(jnp.ones((2, 8), jnp.bfloat16), weight)
     with pytest.raises(ValueError, match=r"\[L, N, K\]"):
         cpu_kernels.decode_matmul(jnp.ones((2, 8), jnp.float32), jnp.ones((1, 1, 4, 8), jnp.float32))
+
+
+# Row 0: packed segments off the 64-token tiles, then padding. Row 1: one trie, a 150-token prefix and
+# two branches (130 and 90 tokens) that never see each other, then padding. Row 2: one segment whole.
+_SEGMENTS = np.array([[1] * 100 + [2] * 150 + [3] * 80 + [0] * 54, [1] * 370 + [0] * 14, [5] * 384], np.int32)
+_KV_END = np.array([[384] * 384, [370] * 150 + [280] * 130 + [370] * 90 + [384] * 14, [384] * 384], np.int32)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(6, 2, 16), (4, 4, 32), (8, 1, 128)])
+def test_train_attention_matches_xla_forward_and_gradients(heads: int, kv_heads: int, dim: int) -> None:
+    rng = np.random.default_rng(heads + dim)
+    q, k, v = (jnp.asarray(rng.normal(size=(3, 384, n, dim)), jnp.float32) for n in (heads, kv_heads, kv_heads))
+    seg, kv_end = jnp.asarray(_SEGMENTS), jnp.asarray(_KV_END)
+    cotangent = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+
+    def run(fn):  # type: ignore[no-untyped-def]
+        loss = lambda q, k, v: (fn(q, k, v) * cotangent).sum()  # noqa: E731
+        return jax.jit(fn)(q, k, v), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    want, want_grads = run(lambda q, k, v: attend(q, k, v, seg, kv_end, kernel="xla"))
+    got, got_grads = run(lambda q, k, v: cpu_kernels.train_attention(q, k, v, seg, kv_end))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    for name, g, w in zip("qkv", got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"d/d{name}")
+
+
+def test_train_attention_runs_for_float32_training_rows_on_cpu() -> None:
+    seg = jnp.ones((1, 1024), jnp.int32)  # two 512-token tiles: "auto" takes blockwise
+
+    def calls(dtype: str, dim: int) -> bool:
+        q = jnp.zeros((1, 1024, 4, dim), dtype)
+        k = v = jnp.zeros((1, 1024, 2, dim), dtype)
+        lowered = jax.jit(jax.grad(lambda q: attend(q, k, v, seg, kernel="auto").sum())).lower(q).as_text()
+        return "legorl_train_attention_fwd" in lowered and "legorl_train_attention_bwd" in lowered
+
+    assert calls("float32", 32)
+    assert not calls("bfloat16", 32)  # XLA's blockwise loops
+    assert not calls("float32", 8)  # head_dim below two vector registers
