@@ -10,7 +10,8 @@ embedded engine and `transformers` load. Building it:
 2. record them again with the final tokenizer: these token ids are what SFT trains on;
 3. initialise a small Qwen3 model (`build_tiny_hf_model`) and warm-start it
    with SFT (`sft.py`) until it solves the demo tasks sometimes, not always
-   (a CLI build first trains on lego demonstrations: `lego_stage`);
+   (a CLI build first trains on lego demonstrations, `lego_stage`, while step 2
+   records through the CLIs);
 4. export with `to_hf`, write `build_info.json` (figures of the build), and
    move the directory into place with one rename, so a crash never leaves a
    half-written model that a later run would trust.
@@ -27,8 +28,10 @@ import hashlib
 import json
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -207,13 +210,27 @@ def _demonstration_text(tokenizer_dir: Path, demos: Sequence[Demonstration]) -> 
     return texts
 
 
-def _train(model: Any, data: sft.SFTData, config: SFTConfig, desc: str, progress: bool) -> tuple[Any, Any]:
-    """`train_sft` with a progress bar that shows the loss and pass estimate at each check."""
+class _Stopped(Exception):
+    """A stage running beside another stopped because the other failed."""
+
+
+def _train(
+    model: Any,
+    data: sft.SFTData,
+    config: SFTConfig,
+    desc: str,
+    progress: bool,
+    stop: threading.Event | None = None,
+) -> tuple[Any, Any]:
+    """`train_sft` with a progress bar that shows the loss and pass estimate at each check;
+    once `stop` is set it raises `_Stopped` at the next step."""
     from tqdm.auto import tqdm
 
     with tqdm(total=config.max_steps, desc=desc, unit="step", disable=not progress, leave=False) as bar:
 
         def on_step(step: int, loss: float, estimate: float | None) -> None:
+            if stop is not None and stop.is_set():
+                raise _Stopped(f"{desc}: stopped at step {step}")
             bar.update(1)
             if estimate is not None:
                 bar.set_postfix({"loss": f"{loss:.3f}", "pass_est": f"{estimate:.2f}"}, refresh=False)
@@ -234,8 +251,10 @@ def _lego_stage(
     tasks: Sequence[Task],
     options: list[LegoOptions],
     progress: bool,
+    stop: threading.Event,
 ) -> tuple[Any, dict[str, Any]]:
-    """A CLI build's first stage: SFT on lego demonstrations under the CLI model's tokenizer.
+    """A CLI build's first stage: SFT on lego demonstrations under the CLI model's tokenizer
+    (a trained copy of `model`; it stays as it was).
 
     What the CLI demonstrations need most is to copy the task's values into a command, and a
     model learns that only after hundreds of steps; a lego row is ~1k tokens where a CLI row
@@ -245,7 +264,8 @@ def _lego_stage(
     assert spec.lego_stage is not None
     started = time.monotonic()
     demos = _record(tokenizer_dir, tasks, options, spec, spec.max_context, through_clis=False)
-    model, result = _train(model, _sft_data(demos, spec, tokenizer_dir), spec.lego_stage, "lego stage", progress)
+    data = _sft_data(demos, spec, tokenizer_dir)
+    model, result = _train(model, data, spec.lego_stage, "lego stage", progress, stop)
     return model, {
         "demonstrations": len(demos),
         "sft_steps": result.steps,
@@ -278,9 +298,6 @@ def build_demo_model(
     base_demos = _record(build_demo_tokenizer(work / "base_tokenizer"), sample, options, spec, _TEXT_CONTEXT)
     corpus = _demonstration_text(work / "base_tokenizer", base_demos) * _CORPUS_COPIES
     tokenizer_dir = build_demo_tokenizer(work / "tokenizer", corpus=corpus, vocab_size=spec.vocab_size)
-    demos = _record(tokenizer_dir, tasks, options, spec, spec.max_context)
-    recorded = time.monotonic()
-
     init_dir = build_tiny_hf_model(
         work / "init",
         hidden_size=spec.hidden_size,
@@ -293,14 +310,27 @@ def build_demo_model(
         tokenizer_dir=tokenizer_dir,
     )
     model = from_hf(init_dir)
-    data = _sft_data(demos, spec, tokenizer_dir)
-    # Before and after on the stopping check's sample of groups: over every demonstration (each habit
-    # episode twice) the seven-CLI build's first pass ran past 8 minutes.
-    probe = sample_groups(data, spec.sft.eval_groups, spec.sft.seed)
-    initial = evaluate(model, probe)
     stage: dict[str, Any] = {}
-    if spec.lego_stage is not None:
-        model, stage = _lego_stage(model, spec, tokenizer_dir, lego_tasks, options, progress)
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lego-stage") as pool:
+        # The lego stage needs only the tokenizer, and recording through the CLIs mostly waits on
+        # Docker and the CLIs, so the stage trains meanwhile (docs/benchmarks.md, "The CLI run").
+        first = None
+        if spec.lego_stage is not None:
+            first = pool.submit(_lego_stage, model, spec, tokenizer_dir, lego_tasks, options, progress, stop)
+        try:
+            demos = _record(tokenizer_dir, tasks, options, spec, spec.max_context)
+            recorded = time.monotonic()
+            data = _sft_data(demos, spec, tokenizer_dir)
+            # Before and after on the stopping check's sample of groups: over every demonstration (each
+            # habit episode twice) the seven-CLI build's first pass ran past 8 minutes.
+            probe = sample_groups(data, spec.sft.eval_groups, spec.sft.seed)
+            initial = evaluate(model, probe)
+        except BaseException:
+            stop.set()  # the stage stops at its next step, not minutes of training later
+            raise
+        if first is not None:
+            model, stage = first.result()
     model, result = _train(model, data, spec.sft, "warm-starting the demo model", progress)
     final = evaluate(model, probe)
     to_hf(model, out_dir, tokenizer_from=init_dir)

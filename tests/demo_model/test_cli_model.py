@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,6 +48,21 @@ def test_cache_key_moves_with_the_cli_harnesses() -> None:
     assert cache_key(CLI_DEMO_SPEC, tasks, []) == key
 
 
+def _tiny_spec(**update: Any) -> DemoModelSpec:
+    """The CLI spec through mini-swe-agent alone, at a model and vocabulary that train in milliseconds."""
+    shape = {"vocab_size": 768, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1}
+    return CLI_DEMO_SPEC.model_copy(
+        update={
+            "cli_harnesses": ("mini-swe-agent",),
+            **shape,
+            "head_dim": 16,
+            "intermediate_size": 64,
+            "max_context": 4096,
+            **update,
+        }
+    )
+
+
 @pytest.mark.docker
 @pytest.mark.npm
 @pytest.mark.slow  # the whole build with demonstrations recorded through a real CLI in Docker
@@ -54,21 +71,7 @@ def test_a_tiny_cli_build_records_through_the_cli(tmp_path: Path, monkeypatch: p
     # The lego stage records configs/demo.yaml's lego configurations on one task here (all its tasks in the real build).
     monkeypatch.setattr(demo_model, "demo_training_tasks", lambda: task)
     two_steps = SFTConfig(max_steps=2, batch_size=1, eval_every=2, target_pass=1.0)
-    tiny = CLI_DEMO_SPEC.model_copy(
-        update={
-            "cli_harnesses": ("mini-swe-agent",),
-            "vocab_size": 768,
-            "hidden_size": 32,
-            "num_layers": 1,
-            "num_heads": 2,
-            "num_kv_heads": 1,
-            "head_dim": 16,
-            "intermediate_size": 64,
-            "max_context": 4096,
-            "sft": two_steps,
-            "lego_stage": two_steps,
-        }
-    )
+    tiny = _tiny_spec(sft=two_steps, lego_stage=two_steps)
     built = ensure_demo_model(tmp_path, progress=False, spec=tiny, tasks=task)
     info = json.loads((built / BUILD_INFO).read_text())
     lego_configs = len(demo_model.demo_harness_options())
@@ -78,6 +81,48 @@ def test_a_tiny_cli_build_records_through_the_cli(tmp_path: Path, monkeypatch: p
     assert info["demonstrations"] == 2 and info["sft_steps"] == 2
     assert info["sequences"] >= 2 and info["padded_length"] <= tiny.max_context
     assert from_hf(built).config.vocab_size == 768
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_cli_recording_stops_the_lego_stage_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    task = cli_demo_tasks(per_family=1)[:1]
+    monkeypatch.setattr(demo_model, "demo_training_tasks", lambda: task)
+    # A stage that would train for hours unless stopped.
+    endless = SFTConfig(max_steps=1_000_000, batch_size=1, eval_every=1_000_000, target_pass=1.0)
+    tiny = _tiny_spec(lego_stage=endless)
+    stage_steps: list[int] = []
+    record, train = demo_model._record, demo_model._train
+
+    def failing_record(*args: Any, through_clis: bool = True) -> Any:
+        if through_clis and args[4] == tiny.max_context:  # the CLIs' demonstrations (tokenizer text: lego's)
+            deadline = time.monotonic() + 240
+            while len(stage_steps) < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            raise RuntimeError("the Docker engine went away")
+        return record(*args, through_clis=False)
+
+    def counting_train(*args: Any) -> Any:
+        sft_train = demo_model.train_sft
+
+        def train_sft(*a: Any, on_step: Any) -> Any:
+            def count(step: int, loss: float, estimate: float | None) -> None:
+                stage_steps.append(step)
+                on_step(step, loss, estimate)
+
+            return sft_train(*a, on_step=count)
+
+        monkeypatch.setattr(demo_model, "train_sft", train_sft)
+        return train(*args)
+
+    monkeypatch.setattr(demo_model, "_record", failing_record)
+    monkeypatch.setattr(demo_model, "_train", counting_train)
+    with pytest.raises(RuntimeError, match="Docker engine went away"):
+        ensure_demo_model(tmp_path, progress=False, spec=tiny, tasks=task)
+    # The stage trained beside the recording and stopped within a step of the failure.
+    stopped_at = len(stage_steps)
+    assert 3 <= stopped_at < 10, stage_steps
+    time.sleep(1)
+    assert len(stage_steps) == stopped_at
 
 
 @pytest.mark.parametrize("kind", ["lego", "cli"])
