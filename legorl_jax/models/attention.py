@@ -11,9 +11,9 @@ through `attend`:
   rows of two or more tiles (multiples of 128) wherever no fused kernel
   takes the call: on CPU, for float32 on GPUs, for tree rows on TPU. On
   CPU at float32 (head_dim a multiple of 16) the same computation runs as
-  `cpu_kernels`' C++ kernel (`train_attention.cc`, forward and backward),
-  which XLA's loops of small products trail severalfold; elsewhere, or
-  without a C++ compiler, XLA's.
+  `cpu_kernels`' C++ kernel (`train_attention.cc`, forward and backward):
+  at the CLI demo model's heads XLA's loops of small products take 1.4-1.8x
+  its time (docs/benchmarks.md); elsewhere, or without a C++ compiler, XLA's.
 - XLA (`jax.nn.dot_product_attention(implementation="xla")`) runs everywhere
   and builds the [B, N, T, T] score matrix: "auto" keeps it for rows of one
   tile and rows no tile size divides.
