@@ -73,6 +73,8 @@ fake.add_arguments = lambda parser: parser.add_argument("how")
 fake.run = run
 sys.modules["fake_cmd"] = fake
 cli.SUBCOMMANDS["fake"] = ("fake_cmd", "a stand-in")
+# As from a terminal, even where the suite runs as a background job (which starts with Ctrl-C ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.exit(cli.main(["fake", sys.argv[1]]))
 """
 
@@ -121,6 +123,13 @@ def _chained(outer: Exception, inner: BaseException) -> Exception:
 )
 def test_a_full_disk_is_recognised_through_wrapping(exc: Exception) -> None:
     assert disk_full(exc) is not None
+
+
+def test_a_long_message_keeps_the_words_that_say_the_disk_is_full() -> None:
+    spec = '{"driver": "zarr", "kvstore": {"path": "/tmp/run/checkpoints/1"}} ' * 40  # tensorstore quotes its spec
+    why = disk_full(ValueError(f"RESOURCE_EXHAUSTED: Error opening {spec}: No space left on device {spec}"))
+    assert why is not None and why.startswith("RESOURCE_EXHAUSTED: Error opening") and "No space left on device" in why
+    assert len(why) < 500
 
 
 def test_other_errors_are_not_taken_for_a_full_disk() -> None:

@@ -24,8 +24,15 @@ def disk_full(exc: BaseException) -> str | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         full = isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT)
-        if full or _DISK_FULL.search(str(current)):
-            text = " ".join(str(current).split())
-            return text if len(text) <= 400 else f"{text[:200]} ... {text[-200:]}"
+        text = " ".join(str(current).split())
+        words = _DISK_FULL.search(text)
+        if full or words:
+            if len(text) <= 400:
+                return text
+            # A library's message can run to kilobytes (tensorstore quotes its whole spec): keep its
+            # start, which names the file, and the words that say the disk is full, wherever they are.
+            if words is None or words.end() <= 300:
+                return f"{text[:300]} ... {text[-100:]}"
+            return f"{text[:200]} ... {text[max(200, words.start() - 100) : words.end() + 100]} ..."
         current = current.__cause__ or current.__context__
     return None

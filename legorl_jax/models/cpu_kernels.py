@@ -151,7 +151,9 @@ def _registered() -> Path | None:
         for target, symbol in _TARGETS.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
     except (OSError, AttributeError, subprocess.CalledProcessError, RuntimeError) as error:
-        logger.warning("decode steps: the CPU kernels are unavailable (%s); they run XLA's path", error)
+        logger.warning(
+            "the CPU kernels are unavailable (%s): decode steps and training attention run XLA's path", error
+        )
         return None
     return path
 

@@ -37,6 +37,12 @@ def _trained_adapters(path: Path, targets: list[str], rank: int = 4, alpha: floa
     return model
 
 
+def _same_logits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal up to float32 rounding at the logits' scale (the products' order differs by CPU:
+    AVX-512 and AVX2 machines round differently)."""
+    return float(np.abs(np.asarray(a) - b).max()) <= 1e-5 * max(1.0, float(np.abs(b).max()))
+
+
 def _peft_logits(base: Path, adapter: Path, tokens: np.ndarray) -> np.ndarray:
     import peft
     import torch
@@ -60,11 +66,11 @@ def test_adapter_logits_match_peft_and_the_merged_export(
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["target_modules"] == sorted(targets)
     ref = _peft_logits(base, adapter, tokens)
-    assert np.abs(ours - ref).max() <= 1e-5
+    assert _same_logits(ours, ref)
     # The adapters matter: the base alone is far from these logits.
     assert np.abs(hf_logits(base, tokens) - ref).max() > 1e-2
     merged = to_hf(model, tmp_path / "merged", tokenizer_from=base)
-    assert np.abs(hf_logits(merged, tokens) - ours).max() <= 1e-5
+    assert _same_logits(hf_logits(merged, tokens), ours)
 
 
 def test_fresh_adapters_leave_the_model_unchanged(tiny_hf_checkpoint: Callable[[str], Path]) -> None:
@@ -102,7 +108,7 @@ def test_convert_merges_a_peft_adapter_into_the_weights(
     out = tmp_path / "merged"
     assert main(["convert", "--from-hf", str(base), "--adapter", str(adapter), "--to-hf", str(out)]) == 0
     tokens = _tokens(1)
-    assert np.abs(hf_logits(out, tokens) - np.asarray(model(jnp.asarray(tokens)))).max() <= 1e-5
+    assert _same_logits(hf_logits(out, tokens), np.asarray(model(jnp.asarray(tokens))))
     # What PEFT can write and this project does not read is refused by name, not half-read.
     config = json.loads((adapter / "adapter_config.json").read_text())
     (adapter / "adapter_config.json").write_text(json.dumps({**config, "use_rslora": True}))
