@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> dict[str, float]:
         async with configured_fleet(config.fleet, local_server(config), Path(args.model)) as fleet:
-            return await evaluate(fleet, config, ids * args.samples, choices, policy_version=0, step=0)
+            return await evaluate(fleet, config, ids * args.samples, choices, policy_version=0, step=0,
+                                  progress=config.logging.progress)  # fmt: skip
 
     # One evaluation, not one per process: process 0 runs it, the others wait for it to end.
     results = asyncio.run(ProcessGroup().leader_only(main))

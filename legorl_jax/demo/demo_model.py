@@ -231,9 +231,9 @@ def _train(
         def on_step(step: int, loss: float, estimate: float | None) -> None:
             if stop is not None and stop.is_set():
                 raise _Stopped(f"{desc}: stopped at step {step}")
-            bar.update(1)
-            if estimate is not None:
+            if estimate is not None:  # before the update that draws it: the last check is shown, not the one before
                 bar.set_postfix({"loss": f"{loss:.3f}", "pass_est": f"{estimate:.2f}"}, refresh=False)
+            bar.update(1)
 
         return train_sft(model, data, config, on_step=on_step)
 

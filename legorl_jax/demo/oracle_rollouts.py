@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from legorl_jax.demo.demonstrations import PLANS, Demonstration, plan_texts, record_demonstrations, solution_command
-from legorl_jax.train.collect import MANIFEST_FILE, passed, refuse_existing
+from legorl_jax.train.collect import MANIFEST_FILE, refuse_existing
+from legorl_jax.train.harness_metrics import passed
 from legorl_jax.train.rollout_log import RolloutLog
 from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.harnesses.lego import LegoOptions, config_id

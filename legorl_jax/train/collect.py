@@ -27,7 +27,7 @@ from legorl_jax.core.config import Config
 from legorl_jax.core.seeds import derive_seed
 from legorl_jax.fleet import Fleet
 from legorl_jax.train.groups import HarnessChoice, group_spec
-from legorl_jax.train.harness_metrics import PASS_THRESHOLD
+from legorl_jax.train.harness_metrics import PASS_THRESHOLD, passed
 from legorl_jax.train.rollout_log import ROLLOUTS_FILE, RolloutLog, status_name
 from protos.legorl.v1 import rollout_pb2 as pb
 
@@ -38,10 +38,6 @@ _ERRORS_LISTED = 10  # distinct causes of broken trials collect.json names
 # The ends a rollout server has its verifier grade (the policy's own doing: done, out of time, out of budget).
 GRADED = frozenset({pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED})
 GRADED_NAMES = frozenset(map(status_name, GRADED))  # as a rollouts directory writes them
-
-
-def passed(trajectory: pb.Trajectory) -> bool:
-    return trajectory.HasField("reward") and trajectory.reward >= PASS_THRESHOLD
 
 
 def refuse_existing(out_dir: Path) -> None:

@@ -20,6 +20,12 @@ from protos.legorl.v1 import rollout_pb2 as pb
 
 PASS_THRESHOLD = 1.0 - 1e-6
 
+
+def passed(trajectory: pb.Trajectory) -> bool:
+    """Graded, with a full reward."""
+    return trajectory.HasField("reward") and trajectory.reward >= PASS_THRESHOLD
+
+
 # Root reasons of a sequence that should have merged into the one before it.
 FALSE_FORK_REASONS = frozenset({"history_rewritten", "restart"})
 

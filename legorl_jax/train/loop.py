@@ -260,6 +260,7 @@ class Trainer:
             policy_version=self.version,
             step=self.step,
             rollouts=self.rollouts,
+            progress=self.progress,
         )
         run.runlog.write({"step": self.step, "kind": "eval", **metrics})
         return metrics["eval_pass_rate"]
