@@ -23,7 +23,7 @@ from protos.legorl.v1 import rollout_pb2 as pb
 from rollout_server.harnesses import HarnessContext, get_harness
 from rollout_server.harnesses.base import CliHarness, Harness, HarnessOptions, InProcessHarness
 from rollout_server.harnesses.tools import HarnessTools
-from rollout_server.proxy.session import SessionSpec, SessionStore
+from rollout_server.proxy.session import Session, SessionSpec, SessionStore
 from rollout_server.proxy.trajectory import CapturedTrajectory
 from rollout_server.sandbox.base import AGENT_LOGS_DIR, AGENT_USER, ROOT_USER, Sandbox, SandboxError, SandboxSpec
 from rollout_server.sandbox.factory import SandboxFactory, spec_for_task
@@ -43,6 +43,11 @@ _HARNESS_STATUS = {
 _INSTALL_CHECK_S = 180.0
 # Ends the verifier still grades: the policy ran out of time or budget, which is its own doing.
 _GRADED = {pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCEEDED}
+# Once the proxy refuses a CLI's call for a cap, the episode is over, but a CLI may retry the refusal
+# for minutes (mini-swe-agent's litellm client: 10 tries, backoff up to 60 s, ~4 min a trial in the
+# seven-CLI run). It gets this long to quit by itself; then its processes are ended.
+_CAP_GRACE_S = 10.0
+_CAP_POLL_S = 0.5
 
 
 @dataclasses.dataclass
@@ -111,7 +116,7 @@ async def run_trial(host: TrialHost, spec: TrialSpec) -> pb.Trajectory:
         times.setup_s = time.monotonic() - started
 
         phase = time.monotonic()
-        status, reason, harness_metrics = await _run_agent(harness, sandbox, host, spec, session.key)
+        status, reason, harness_metrics = await _run_agent(harness, sandbox, host, spec, session)
         times.agent_s = time.monotonic() - phase
         status, reason = await _agent_outcome(
             status, reason, sandbox, host, sandbox_spec.memory_mb, session.trajectory, epoch
@@ -203,10 +208,10 @@ def _sandbox_spec(host: TrialHost, harness: Harness, spec: TrialSpec) -> Sandbox
 
 
 async def _run_agent(
-    harness: Harness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
+    harness: Harness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, session: Session
 ) -> tuple[pb.TrialStatus, str, dict[str, float]]:
     try:
-        return await _drive(harness, sandbox, host, spec, key)
+        return await _drive(harness, sandbox, host, spec, session)
     except SandboxError:
         raise  # the environment broke under the harness: ungraded, not the harness's fault
     except Exception as exc:  # a bug in the harness's own code is a harness error, not a server fault
@@ -215,8 +220,9 @@ async def _run_agent(
 
 
 async def _drive(
-    harness: Harness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, key: str
+    harness: Harness, sandbox: Sandbox, host: TrialHost, spec: TrialSpec, session: Session
 ) -> tuple[pb.TrialStatus, str, dict[str, float]]:
+    key = session.key
     if isinstance(harness, InProcessHarness):
         ctx = HarnessContext(
             session_url=f"http://127.0.0.1:{host.proxy_port}/s/{key}",
@@ -234,8 +240,29 @@ async def _drive(
         await asyncio.to_thread(_leave_final_message, sandbox, result.final_message)
         return _HARNESS_STATUS[result.status], result.reason, result.metrics()
     if isinstance(harness, CliHarness):
-        return await asyncio.to_thread(_run_cli, harness, sandbox, host, spec, key)
+        cli = asyncio.ensure_future(asyncio.to_thread(_run_cli, harness, sandbox, host, spec, key))
+        return await _ended_after_cap(cli, sandbox, session.trajectory, spec.trial_id)
     raise SandboxError(f"harness {harness.name} is neither in-process nor a CLI")
+
+
+async def _ended_after_cap(
+    cli: asyncio.Future[tuple[pb.TrialStatus, str, dict[str, float]]],
+    sandbox: Sandbox,
+    captured: CapturedTrajectory,
+    trial_id: str,
+) -> tuple[pb.TrialStatus, str, dict[str, float]]:
+    """The CLI's outcome; once the proxy has refused it a call for a cap, it has `_CAP_GRACE_S` to
+    quit, then the sandbox's processes are ended (`_agent_outcome` reports the cap)."""
+    try:
+        while not cli.done() and not captured.cap_hit:
+            await asyncio.wait({cli}, timeout=_CAP_POLL_S)
+        if not cli.done() and not (await asyncio.wait({cli}, timeout=_CAP_GRACE_S))[0]:
+            log.info("trial %s: the CLI still runs %.0f s after the proxy's %s: ending it", trial_id,
+                     _CAP_GRACE_S, captured.cap_hit)  # fmt: skip
+            await asyncio.to_thread(sandbox.kill_all_processes)
+        return await cli
+    finally:
+        cli.cancel()  # only when this wait itself is cancelled: the thread's result is then nobody's
 
 
 def _run_cli(

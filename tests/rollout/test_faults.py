@@ -3,8 +3,8 @@ right status and a reason, leaves no trial container behind, and never hangs
 (every wait is bounded by asyncio.wait_for).
 
 The agent is `lego` driven by the scripted engine, except for the harness
-crash and the hung install check, where the task image carries a stand-in
-for a CLI harness.
+crash, the hung install check and the CLI that retries past its cap, where the
+task image carries a stand-in for a CLI harness.
 """
 
 from __future__ import annotations
@@ -53,6 +53,24 @@ HANGING_MINI = """#!/bin/sh
 sleep 600
 """
 
+# TEST INSTRUMENT: a `mini` that asks the proxy again whatever it answers, the cap's refusal included,
+# as mini-swe-agent's litellm client does for minutes; only the trial can end it.
+RETRYING_MINI = """#!/usr/bin/env python3
+import json, os, sys, time, urllib.error, urllib.request
+if sys.argv[1:] == ["--help"]:
+    print("Usage: mini [OPTIONS] (retrying stand-in)")
+    sys.exit(0)
+base = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("model.model_kwargs.api_base="))
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": sys.argv[-1]}]}).encode()
+headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+while True:
+    try:
+        urllib.request.urlopen(urllib.request.Request(base + "/chat/completions", body, headers), timeout=60).read()
+    except urllib.error.HTTPError:
+        pass
+    time.sleep(0.2)
+"""
+
 
 def stand_in_cli_task(root: Path, name: str, script: str) -> Path:
     """A demo task whose image carries `script` as mini-swe-agent's `mini`."""
@@ -74,7 +92,7 @@ def containers_of(client: docker.DockerClient, request_id: str) -> list[Any]:
     ]
 
 
-def test_crash_kill_oom_and_a_hung_install_check_each_end_with_their_status(
+def test_crash_kill_oom_a_hung_install_check_and_a_cli_retrying_past_its_cap_each_end_with_their_status(
     tokenizer_dir: Path, tokenizer: Any, docker_client: docker.DockerClient, tmp_path: Path, monkeypatch: Any
 ) -> None:
     commands = {"oom": 'python3 -c "b = bytearray(512 * 2**20)"; echo "exit $?"', "killed": "sleep 60"}
@@ -82,13 +100,16 @@ def test_crash_kill_oom_and_a_hung_install_check_each_end_with_their_status(
     mini = pb.HarnessConfig(name="mini-swe-agent")
     crash = rollout_request("crash", [stand_in_cli_task(tmp_path, "harness-crash", CRASHING_MINI)], mini)
     hung = rollout_request("hung", [stand_in_cli_task(tmp_path, "install-hung", HANGING_MINI)], mini)
+    retrying = rollout_request("retry", [stand_in_cli_task(tmp_path, "retries-past-cap", RETRYING_MINI)], mini)
+    retrying.limits.max_model_calls, retrying.limits.agent_timeout_s = 2, 100.0
     monkeypatch.setattr(trial, "_INSTALL_CHECK_S", 3.0)
+    monkeypatch.setattr(trial, "_CAP_GRACE_S", 1.0)
 
     async def main() -> dict[str, pb.Trajectory]:
         with engine_on_host(tokenizer) as (engine, _, port):
             engine.respond = by_script(commands)
             async with running_server(scripted_server_config(f"http://127.0.0.1:{port}"), tokenizer_dir) as server:
-                requests = [crash, hung, rollout_request("oom", [oom]), rollout_request("kill", [killed])]
+                requests = [crash, hung, retrying, rollout_request("oom", [oom]), rollout_request("kill", [killed])]
                 calls = [asyncio.create_task(rollout(server.address, r)) for r in requests]
                 await until(prompted(engine, "killed"), "the agent to be told to sleep")
                 (victim,) = containers_of(docker_client, "kill")
@@ -111,6 +132,11 @@ def test_crash_kill_oom_and_a_hung_install_check_each_end_with_their_status(
     assert oom_trial.status == pb.TRIAL_STATUS_CAP_EXCEEDED, oom_trial.error
     assert "out of memory" in oom_trial.error and "64 MB" in oom_trial.error
     assert oom_trial.HasField("reward") and oom_trial.reward == 0.0  # a cap still leaves the trial graded
+    # The CLI would have asked until its 100 s ran out; a second after the refusal the trial ended it.
+    capped = results["retries-past-cap"]
+    assert capped.status == pb.TRIAL_STATUS_CAP_EXCEEDED, capped.error
+    assert "max_model_calls (2)" in capped.error and capped.metrics.model_calls == 2
+    assert capped.HasField("reward") and capped.metrics.phase_times.agent_s < 60
     killed_trial = results["killed"]
     assert killed_trial.status == pb.TRIAL_STATUS_ENV_FAILURE, killed_trial.error
     assert "container" in killed_trial.error and not killed_trial.HasField("reward")
