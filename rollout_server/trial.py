@@ -16,6 +16,7 @@ import shlex
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from legorl_jax.core.config import SamplingConfig
@@ -48,6 +49,9 @@ _GRADED = {pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCE
 # seven-CLI run). It gets this long to quit by itself; then its processes are ended.
 _CAP_GRACE_S = 10.0
 _CAP_POLL_S = 0.5
+# Its own threads: the loop's default pool (6 threads on 2 cores) can be full of running CLIs, the very
+# ones to end, and a kill queued behind them waited out their retries.
+_CAP_STOPPER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cap-stop")
 
 
 @dataclasses.dataclass
@@ -259,7 +263,7 @@ async def _ended_after_cap(
         if not cli.done() and not (await asyncio.wait({cli}, timeout=_CAP_GRACE_S))[0]:
             log.info("trial %s: the CLI still runs %.0f s after the proxy's %s: ending it", trial_id,
                      _CAP_GRACE_S, captured.cap_hit)  # fmt: skip
-            await asyncio.to_thread(sandbox.kill_all_processes)
+            await asyncio.get_running_loop().run_in_executor(_CAP_STOPPER, sandbox.kill_all_processes)
         return await cli
     finally:
         cli.cancel()  # only when this wait itself is cancelled: the thread's result is then nobody's
