@@ -40,13 +40,14 @@ async def evaluate(
     ]  # fmt: skip
     # One trial per spec: seven CLIs' evaluation is 126 trials and minutes, which a bar makes visible.
     # Trials end seconds apart, so the bar redraws at each one (mininterval=0).
-    groups = []
+    groups, passes = [], 0
     bar = tqdm(total=len(specs), desc=f"eval @ step {step}", unit="trial", disable=not progress, leave=False,
                mininterval=0)  # fmt: skip
     with bar:
         async for group in fleet.rollout(specs):
             groups.append(group)
-            bar.set_postfix(passed=sum(passed(t) for g in groups for t in g.trajectories), refresh=False)
+            passes += sum(map(passed, group.trajectories))
+            bar.set_postfix(passed=passes, refresh=False)
             bar.update(len(group.trajectories))
     metrics = rollout_metrics(groups)
     if rollouts is not None:
