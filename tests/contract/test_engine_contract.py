@@ -210,10 +210,12 @@ def test_an_update_mid_completion_labels_each_token_with_its_weights(
 
     On a 2-core machine the engine's decode loop can starve the update (or this
     process) for seconds, so the pause may reach the engine only after the
-    completion ended: all its tokens then carry the old label. Such a try proves
-    nothing, and a few are allowed; when every try is such, the test is
-    inconclusive and says so (a skip, seen once in CI on a fresh vLLM: three tries
-    of ~2 s completions). Any other labels fail: a split elsewhere, or more than one.
+    completion ended: all its tokens then carry the old label. Or the completion's
+    request is the one starved, and the update lands before its first step: all
+    carry the new label. Such a try proves nothing, and a few are allowed; when
+    every try is such, the test is inconclusive and says so (a skip, seen once in CI
+    on a fresh vLLM: three tries of ~2 s completions). Any other labels fail: a
+    split elsewhere, or more than one.
     The split itself is also held by tests/serve/test_vllm_update.py (the stand-in,
     slowed) and tests/rollout/test_vllm_host.py (an update mid-trial)."""
     if not real_model:
@@ -246,8 +248,8 @@ def test_an_update_mid_completion_labels_each_token_with_its_weights(
         tries.append(labels)
         if labels == [old, new]:
             return
-        assert labels == [old], f"an update mid-completion gave the labels {labels}, not [{old}, {new}]"
-    pytest.skip(f"inconclusive: the update reached the engine after the completion ended in all {len(tries)} tries")
+        assert labels in ([old], [new]), f"an update mid-completion gave the labels {labels}, not [{old}, {new}]"
+    pytest.skip(f"inconclusive: the update missed the completion's decode in all {len(tries)} tries: {tries}")
 
 
 def test_chat_rendering_is_the_proxys(engine_url: str, client: SyncEngineClient) -> None:
