@@ -9,15 +9,17 @@ after the agent phase and reads the reward itself (see `verifier.py`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import posixpath
 import shlex
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
 from legorl_jax.core.config import SamplingConfig
 from protos.legorl.v1 import rollout_pb2 as pb
@@ -49,9 +51,6 @@ _GRADED = {pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_TIMEOUT, pb.TRIAL_STATUS_CAP_EXCE
 # seven-CLI run). It gets this long to quit by itself; then its processes are ended.
 _CAP_GRACE_S = 10.0
 _CAP_POLL_S = 0.5
-# Its own threads: the loop's default pool (6 threads on 2 cores) can be full of running CLIs, the very
-# ones to end, and a kill queued behind them waited out their retries.
-_CAP_STOPPER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cap-stop")
 
 
 @dataclasses.dataclass
@@ -185,9 +184,16 @@ async def _agent_outcome(
         # rambling from the reward.
         limit = captured.calls[-1].sampling.get("max_tokens", "?")
         return pb.TRIAL_STATUS_CAP_EXCEEDED, f"the last completion hit max_tokens ({limit}), then: {reason}"[:1000]
-    if status == pb.TRIAL_STATUS_OK and (killed := await asyncio.to_thread(sandbox.oom_kill_count)):
-        # The agent's own commands outgrew the memory limit: a cap it hit, graded as the sandbox stands.
-        return pb.TRIAL_STATUS_CAP_EXCEEDED, f"out of memory: {killed} process(es) killed at the {memory_mb} MB limit"
+    if status in (pb.TRIAL_STATUS_OK, pb.TRIAL_STATUS_HARNESS_ERROR) and (
+        killed := await asyncio.to_thread(sandbox.oom_kill_count)
+    ):
+        oom = f"out of memory: {killed} process(es) killed at the {memory_mb} MB limit"
+        if status == pb.TRIAL_STATUS_OK:
+            # The agent's own commands outgrew the memory limit: a cap it hit, graded as the sandbox stands.
+            return pb.TRIAL_STATUS_CAP_EXCEEDED, oom
+        # The harness died (a CLI killed has exit code 137 and nothing else to say): it may be what outgrew
+        # the limit, so the trial stays ungraded, but the reason names the cause.
+        return status, f"{reason} ({oom})"[:1000]
     if status == pb.TRIAL_STATUS_HARNESS_ERROR and host.engine_healthy is not None and not await host.engine_healthy():
         # The harness failed because the engine behind the proxy did: not the harness's fault.
         return pb.TRIAL_STATUS_ENGINE_ERROR, f"inference engine is down: {reason}"
@@ -244,7 +250,7 @@ async def _drive(
         await asyncio.to_thread(_leave_final_message, sandbox, result.final_message)
         return _HARNESS_STATUS[result.status], result.reason, result.metrics()
     if isinstance(harness, CliHarness):
-        cli = asyncio.ensure_future(asyncio.to_thread(_run_cli, harness, sandbox, host, spec, key))
+        cli = asyncio.ensure_future(_in_own_thread(f"cli-{spec.trial_id}", _run_cli, harness, sandbox, host, spec, key))
         return await _ended_after_cap(cli, sandbox, session.trajectory, spec.trial_id)
     raise SandboxError(f"harness {harness.name} is neither in-process nor a CLI")
 
@@ -263,10 +269,43 @@ async def _ended_after_cap(
         if not cli.done() and not (await asyncio.wait({cli}, timeout=_CAP_GRACE_S))[0]:
             log.info("trial %s: the CLI still runs %.0f s after the proxy's %s: ending it", trial_id,
                      _CAP_GRACE_S, captured.cap_hit)  # fmt: skip
-            await asyncio.get_running_loop().run_in_executor(_CAP_STOPPER, sandbox.kill_all_processes)
+            await asyncio.to_thread(sandbox.kill_all_processes)
         return await cli
     finally:
         cli.cancel()  # only when this wait itself is cancelled: the thread's result is then nobody's
+
+
+_T = TypeVar("_T")
+
+
+async def _in_own_thread(name: str, fn: Callable[..., _T], *args: Any) -> _T:
+    """`fn(*args)` on a thread of its own. A CLI holds its thread for minutes: in the loop's
+    default pool (6 threads on 2 cores) a host's 7th and 8th CLIs waited for a free thread, and
+    every trial's sandbox start, verification, teardown and cap kill queued behind the
+    running CLIs. Capacity bounds the trials, so it bounds these threads too."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            return  # nobody waits for it any more
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as exc:  # handed to the waiting task, which raises it
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the loop is closed: the server stopped, and nobody waits for it any more
+
+    threading.Thread(target=contextvars.copy_context().run, args=(run,), name=name, daemon=True).start()
+    return await done
 
 
 def _run_cli(

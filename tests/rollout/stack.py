@@ -117,6 +117,39 @@ def task_variant(root: Path, name: str, *, base: str = "edit-config", memory_mb:
     return task
 
 
+def stand_in_cli_task(root: Path, name: str, script: str, *, memory_mb: int | None = None) -> Path:
+    """A demo task whose image carries `script` as mini-swe-agent's `mini` (a test instrument)."""
+    task = task_variant(root, name, memory_mb=memory_mb)
+    (task / "environment" / "mini").write_text(script)
+    (task / "environment" / "mini").chmod(0o755)
+    with (task / "environment" / "Dockerfile").open("a") as fh:
+        fh.write("COPY mini /usr/local/bin/mini\n")
+    return task
+
+
+# TEST INSTRUMENT: the head of a stand-in `mini` that answers its install check and defines `ask()`,
+# one chat call to the proxy (a refusal is swallowed); `asking_mini` appends what it does next.
+_ASKING_MINI = """#!/usr/bin/env python3
+import json, os, sys, time, urllib.error, urllib.request
+if sys.argv[1:] == ["--help"]:
+    print("Usage: mini [OPTIONS] (stand-in)")
+    sys.exit(0)
+base = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("model.model_kwargs.api_base="))
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": sys.argv[-1]}]}).encode()
+headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+def ask():
+    try:
+        urllib.request.urlopen(urllib.request.Request(base + "/chat/completions", body, headers), timeout=60).read()
+    except urllib.error.HTTPError:
+        pass
+"""
+
+
+def asking_mini(then: str) -> str:
+    """A stand-in `mini` script: `ask()` defined, then the Python in `then`."""
+    return _ASKING_MINI + then
+
+
 def by_script(commands: dict[str, str], final: str = "Done.") -> Callable[[str], str | None]:
     """A `ScriptedEngine.respond` for lego's bash tool: the first turn of a trial runs the
     command its task is tagged with, every later turn answers `final` (ending the episode)."""

@@ -3,8 +3,8 @@ right status and a reason, leaves no trial container behind, and never hangs
 (every wait is bounded by asyncio.wait_for).
 
 The agent is `lego` driven by the scripted engine, except for the harness
-crash, the hung install check and the CLI that retries past its cap, where the
-task image carries a stand-in for a CLI harness.
+crash, the CLI killed for memory, the hung install check and the CLI that
+retries past its cap, where the task image carries a stand-in for a CLI harness.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rollout_server import trial
 from rollout_server.sandbox.reaper import TRIAL_LABEL
 
 from .stack import (
+    asking_mini,
     by_script,
     engine_on_host,
     kill_engine,
@@ -31,6 +32,7 @@ from .stack import (
     rollout_request,
     running_server,
     scripted_server_config,
+    stand_in_cli_task,
     task_variant,
     trial_containers,
     until,
@@ -48,6 +50,12 @@ echo "RuntimeError: stand-in harness crashed on purpose" >&2
 exit 1
 """
 
+# TEST INSTRUMENT: a `mini` that outgrows its sandbox's memory and is killed for it (exit code 137).
+OOMING_MINI = """#!/bin/sh
+[ "$1" = "--help" ] && { echo "Usage: mini [OPTIONS] (memory-hungry stand-in)"; exit 0; }
+exec python3 -c "b = bytearray(512 * 2**20)"
+"""
+
 # TEST INSTRUMENT: a `mini` whose install check (`mini --help`) never answers, as on an overloaded host.
 HANGING_MINI = """#!/bin/sh
 sleep 600
@@ -55,31 +63,7 @@ sleep 600
 
 # TEST INSTRUMENT: a `mini` that asks the proxy again whatever it answers, the cap's refusal included,
 # as mini-swe-agent's litellm client does for minutes; only the trial can end it.
-RETRYING_MINI = """#!/usr/bin/env python3
-import json, os, sys, time, urllib.error, urllib.request
-if sys.argv[1:] == ["--help"]:
-    print("Usage: mini [OPTIONS] (retrying stand-in)")
-    sys.exit(0)
-base = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("model.model_kwargs.api_base="))
-body = json.dumps({"model": "m", "messages": [{"role": "user", "content": sys.argv[-1]}]}).encode()
-headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
-while True:
-    try:
-        urllib.request.urlopen(urllib.request.Request(base + "/chat/completions", body, headers), timeout=60).read()
-    except urllib.error.HTTPError:
-        pass
-    time.sleep(0.2)
-"""
-
-
-def stand_in_cli_task(root: Path, name: str, script: str) -> Path:
-    """A demo task whose image carries `script` as mini-swe-agent's `mini`."""
-    task = task_variant(root, name)
-    (task / "environment" / "mini").write_text(script)
-    (task / "environment" / "mini").chmod(0o755)
-    with (task / "environment" / "Dockerfile").open("a") as fh:
-        fh.write("COPY mini /usr/local/bin/mini\n")
-    return task
+RETRYING_MINI = asking_mini("while True:\n    ask()\n    time.sleep(0.2)\n")
 
 
 def containers_of(client: docker.DockerClient, request_id: str) -> list[Any]:
@@ -99,6 +83,7 @@ def test_crash_kill_oom_a_hung_install_check_and_a_cli_retrying_past_its_cap_eac
     oom, killed = task_variant(tmp_path, "oom", memory_mb=64), task_variant(tmp_path, "killed")
     mini = pb.HarnessConfig(name="mini-swe-agent")
     crash = rollout_request("crash", [stand_in_cli_task(tmp_path, "harness-crash", CRASHING_MINI)], mini)
+    ooming = rollout_request("cli-oom", [stand_in_cli_task(tmp_path, "cli-oom", OOMING_MINI, memory_mb=64)], mini)
     hung = rollout_request("hung", [stand_in_cli_task(tmp_path, "install-hung", HANGING_MINI)], mini)
     retrying = rollout_request("retry", [stand_in_cli_task(tmp_path, "retries-past-cap", RETRYING_MINI)], mini)
     retrying.limits.max_model_calls, retrying.limits.agent_timeout_s = 2, 100.0
@@ -109,7 +94,14 @@ def test_crash_kill_oom_a_hung_install_check_and_a_cli_retrying_past_its_cap_eac
         with engine_on_host(tokenizer) as (engine, _, port):
             engine.respond = by_script(commands)
             async with running_server(scripted_server_config(f"http://127.0.0.1:{port}"), tokenizer_dir) as server:
-                requests = [crash, hung, retrying, rollout_request("oom", [oom]), rollout_request("kill", [killed])]
+                requests = [
+                    crash,
+                    ooming,
+                    hung,
+                    retrying,
+                    rollout_request("oom", [oom]),
+                    rollout_request("kill", [killed]),
+                ]
                 calls = [asyncio.create_task(rollout(server.address, r)) for r in requests]
                 await until(prompted(engine, "killed"), "the agent to be told to sleep")
                 (victim,) = containers_of(docker_client, "kill")
@@ -123,6 +115,12 @@ def test_crash_kill_oom_a_hung_install_check_and_a_cli_retrying_past_its_cap_eac
     assert crashed.status == pb.TRIAL_STATUS_HARNESS_ERROR, crashed.error
     assert "exit code 1" in crashed.error and "crashed on purpose" in crashed.error
     assert not crashed.HasField("reward")
+    # A CLI killed by the memory limit says only "137": the reason adds the cause. It stays ungraded, as
+    # the harness itself may be what outgrew the sandbox.
+    cli_oom = results["cli-oom"]
+    assert cli_oom.status == pb.TRIAL_STATUS_HARNESS_ERROR, cli_oom.error
+    assert "exit code 137" in cli_oom.error and "out of memory" in cli_oom.error and "64 MB" in cli_oom.error
+    assert not cli_oom.HasField("reward")
     # A check that hangs is the host's trouble, and its error says so rather than "not installed".
     hung_trial = results["install-hung"]
     assert hung_trial.status == pb.TRIAL_STATUS_ENV_FAILURE, hung_trial.error
