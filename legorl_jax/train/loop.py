@@ -33,7 +33,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +73,7 @@ from legorl_jax.train.weight_stream import WeightStreamer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_BAR = "train"  # the steps' bar's name; while a batch is collected it counts the groups too
 
 
 @dataclass(frozen=True)
@@ -228,11 +229,11 @@ class Trainer:
 
     # ------------------------------------------------------------- rollouts --
 
-    async def _collect(self, fleet: Fleet, sampler: GroupSampler) -> Batch:
+    async def _collect(self, fleet: Fleet, sampler: GroupSampler, bar: tqdm) -> Batch:
         rl = self.config.rl
         started, version = time.monotonic(), self.version
         groups: list[GroupResult] = []
-        informative = 0
+        informative = asked = 0
         for round_ in range(rl.max_sampling_rounds if rl.dynamic_sampling else 1):
             # Seeded by place (step, round, index): a run with the same seed samples the same groups.
             specs = [
@@ -240,7 +241,8 @@ class Trainer:
                            seed=derive_seed(self.config.seed, "train", self.step, round_, index))
                 for index in range(rl.groups_per_step - informative)
             ]  # fmt: skip
-            ended = [group async for group in fleet.rollout(specs)]
+            asked += len(specs)
+            ended = await rolled_out(fleet.rollout(specs), bar, len(groups), asked)
             # In the order asked for, not the order the groups ended in: the same seed, the same batch.
             place = {id(spec): i for i, spec in enumerate(specs)}
             ended.sort(key=lambda group: place[id(group.spec)])
@@ -248,6 +250,7 @@ class Trainer:
             informative += sum(map(is_informative, ended))
             if informative >= rl.groups_per_step:
                 break
+        bar.set_description(_BAR)
         return Batch(groups, time.monotonic() - started, version)
 
     async def _evaluate(self, run: _Run) -> float:
@@ -452,12 +455,14 @@ class Trainer:
             async def produce() -> None:
                 while True:
                     await may_start.acquire()
-                    await ahead.put(await self._collect(run.fleet, sampler))
+                    await ahead.put(await self._collect(run.fleet, sampler, run.progress))
 
             producer = asyncio.create_task(produce())
         try:
             while self.step < cfg.total_steps:
-                batch = await (self._next_batch(ahead, producer) if producer else self._collect(run.fleet, sampler))
+                batch = await (
+                    self._next_batch(ahead, producer) if producer else self._collect(run.fleet, sampler, run.progress)
+                )
                 assembled = assemble(batch.groups, cfg.rl.advantage, min_policy_version=self.version - lag)
                 keep = rollouts.wants_learner_logprobs()
                 order = await self.group.share("step", _StepOrder(assembled.sequences, keep))
@@ -527,7 +532,18 @@ async def _first_failure(work: Coroutine[Any, Any, T], watch: Coroutine[Any, Any
         await asyncio.gather(task, watcher, return_exceptions=True)
 
 
-def progress_bar(total: int, done: int, enabled: bool, desc: str = "train") -> tqdm:
+async def rolled_out(groups: AsyncIterator[GroupResult], bar: tqdm, done: int, asked: int) -> list[GroupResult]:
+    """The groups as they end, counted on the bar (`done` of `asked` ended before): a step's
+    rollouts can take minutes, with nothing else to show."""
+    ended: list[GroupResult] = []
+    bar.set_description(f"{_BAR} (rollouts: {done}/{asked} groups)")
+    async for group in groups:
+        ended.append(group)
+        bar.set_description(f"{_BAR} (rollouts: {done + len(ended)}/{asked} groups)")
+    return ended
+
+
+def progress_bar(total: int, done: int, enabled: bool, desc: str = _BAR) -> tqdm:
     """The steps' progress bar (`legorl train`, `legorl sft`)."""
     return tqdm(total=total, initial=done, desc=desc, unit="step", disable=not enabled, dynamic_ncols=True)
 
