@@ -15,9 +15,9 @@ import logging
 import posixpath
 import shlex
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -283,29 +283,11 @@ async def _in_own_thread(name: str, fn: Callable[..., _T], *args: Any) -> _T:
     default pool (6 threads on 2 cores) a host's 7th and 8th CLIs waited for a free thread, and
     every trial's sandbox start, verification, teardown and cap kill queued behind the
     running CLIs. Capacity bounds the trials, so it bounds these threads too."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[_T] = loop.create_future()
-
-    def settle(result: _T | None, error: BaseException | None) -> None:
-        if done.cancelled():
-            return  # nobody waits for it any more
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)  # type: ignore[arg-type]
-
-    def run() -> None:
-        try:
-            result, error = fn(*args), None
-        except BaseException as exc:  # handed to the waiting task, which raises it
-            result, error = None, exc
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:
-            pass  # the loop is closed: the server stopped, and nobody waits for it any more
-
-    threading.Thread(target=contextvars.copy_context().run, args=(run,), name=name, daemon=True).start()
-    return await done
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, contextvars.copy_context().run, fn, *args)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with `fn`; a cancelled wait does not wait for it
 
 
 def _run_cli(
